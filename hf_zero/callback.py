@@ -1,0 +1,200 @@
+"""ZeroCallback: makes a Trainer + DeepSpeed ZeRO run fail loudly instead of silently wrong."""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from .config import check_config
+from .distributed import has_gpu
+from .errors import ConfigError
+from .loading import is_partitioned
+from .memory import all_ranks_memory
+from .presets import get_dotted
+from .saving import saved_model_problems
+
+logger = logging.getLogger("hf_zero")
+
+
+def deepspeed_config_of(args) -> dict | None:
+    """The live DeepSpeed config dict of a Trainer run (the one the engine will be built from)."""
+    hf_config = getattr(args, "hf_deepspeed_config", None)
+    if hf_config is not None:
+        return hf_config.config
+    plugin = getattr(args, "deepspeed_plugin", None)
+    return plugin.deepspeed_config if plugin is not None else None
+
+
+def _checkpointing_on(args) -> bool:
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+
+
+def _set_checkpointing_kwargs(args, kwargs) -> None:
+    # transformers 5.24 reads activation_checkpointing_kwargs; older 5.x gradient_checkpointing_kwargs
+    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        if hasattr(args, name):
+            setattr(args, name, kwargs)
+
+
+def _checkpointing_kwargs(args):
+    return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
+
+
+class ZeroCallback(TrainerCallback):
+    """Checks and fixes a Trainer run under DeepSpeed ZeRO. Attach it with ``hf_zero.attach(trainer)``.
+
+    Before training: the config passes DeepSpeed's own parser; stage 3 saves gathered 16-bit
+    weights; gradient checkpointing is non-reentrant with ``use_cache=False``; a stage-3 model
+    built whole (not by zero.Init) is reported with its host-memory cost.
+    At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
+    parameters are partitioned; otherwise ConfigError before the first step.
+    While training: per-rank memory and the ZeRO stage join the Trainer's logs.
+    At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
+    present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
+    """
+
+    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True):
+        self.log_memory = log_memory
+        self.force_gather_on_save = force_gather_on_save
+        self.trainer = None
+        self.stage = None
+        self.warnings = []
+        self._saved_use_cache = None
+
+    # ---- wiring -------------------------------------------------------------------------
+    def attach(self, trainer) -> "ZeroCallback":
+        """Hook into ``trainer``; call after building it and before ``trainer.train()``.
+
+        The callback goes first in the Trainer's list so the memory figures it adds to the logs
+        reach TensorBoard/W&B, which log from their own callbacks.
+        """
+        self.trainer = trainer
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        self._before_engine(trainer.args, trainer.model)
+        return self
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        logger.warning("hf_zero: %s", message)
+
+    # ---- before the engine exists ---------------------------------------------------------
+    def _before_engine(self, args, model) -> None:
+        config = deepspeed_config_of(args)
+        if config is None:
+            return
+        for finding in check_config(config, on_cpu=not has_gpu(), world_size=int(os.environ.get("WORLD_SIZE", "1"))):
+            if finding.code != "zero3-no-gather":
+                self._warn(str(finding))
+        self.stage = get_dotted(config, "zero_optimization.stage", 0)
+        if self.stage == 3:
+            zero = config["zero_optimization"]
+            if not zero.get("stage3_gather_16bit_weights_on_model_save", False):
+                if not self.force_gather_on_save:
+                    raise ConfigError("stage 3 with stage3_gather_16bit_weights_on_model_save off: every saved model would be "
+                                      "ZeRO shards that from_pretrained cannot load. Fix: set it to true in the config.")
+                # The engine is built later from this same dict, so this reaches save_model.
+                zero["stage3_gather_16bit_weights_on_model_save"] = True
+                self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
+                           "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
+            if not is_partitioned(model):
+                n = sum(p.numel() for p in model.parameters())
+                size = sum(p.numel() * p.element_size() for p in model.parameters())
+                ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+                self._warn(f"the model ({n / 1e6:.1f}M parameters) was built whole on every rank before ZeRO-3 "
+                           f"partitioned it: {size * ranks / 1024**3:.2f} GiB of host memory on this node at load. "
+                           "Fix: create TrainingArguments(deepspeed=...) before from_pretrained, or load with "
+                           "hf_zero.from_pretrained(cls, path, config).")
+        if _checkpointing_on(args):
+            kwargs = _checkpointing_kwargs(args)
+            if kwargs is None:
+                # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
+                _set_checkpointing_kwargs(args, {"use_reentrant": False})
+            elif kwargs.get("use_reentrant", False) and self.stage == 3:
+                self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
+                           "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
+
+    # ---- train begin: what actually got built ----------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if deepspeed_config_of(args) is None and not args.deepspeed:
+            return
+        if self.trainer is None:
+            raise ConfigError("ZeroCallback cannot see the DeepSpeed engine when passed as callbacks=[...]. "
+                              "Fix: hf_zero.attach(trainer) after building the Trainer.")
+        problems = []
+        from deepspeed import DeepSpeedEngine
+
+        engine = self.trainer.model_wrapped
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if not isinstance(engine, DeepSpeedEngine):
+            cpu_hint = (" ACCELERATE_USE_CPU is set, which swaps DeepSpeed for plain DDP on CPU: unset it and pass "
+                        "use_cpu=True (hf_zero.TrainingArguments does)." if os.environ.get("ACCELERATE_USE_CPU") else "")
+            problems.append(f"a DeepSpeed config is set, but the model is driven by {type(engine).__name__}, "
+                            f"not a DeepSpeedEngine.{cpu_hint}")
+        else:
+            if engine.dp_world_size != launched:
+                problems.append(f"the DeepSpeed engine trains on a data-parallel world size of {engine.dp_world_size}, but "
+                                f"{launched} processes were launched: each rank is training alone. Fix: on CPU pass "
+                                "use_cpu=True (hf_zero.TrainingArguments does it) and start the process group before "
+                                "TrainingArguments (hf_zero.init_distributed()).")
+            if self.stage == 3 and not is_partitioned(model):
+                problems.append("stage 3 is configured but the parameters are not partitioned (zero.Init did not run).")
+        if problems:
+            raise ConfigError(problems)
+        if _checkpointing_on(args) and getattr(model.config, "use_cache", None):
+            self._saved_use_cache = True
+            model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
+        if state.is_world_process_zero:
+            logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
+                        ", gradient checkpointing with use_cache off" if _checkpointing_on(args) else "")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or self.stage is None:
+            return
+        logs["zero_stage"] = self.stage
+        if self.log_memory:
+            logs.update(all_ranks_memory())
+
+    # ---- saves --------------------------------------------------------------------------
+    def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed:
+            dist.barrier()  # rank 0 may still be writing the gathered weights
+        problems = []
+        if args.should_save and folder.is_dir():
+            self._restore_use_cache_in(folder)
+            if processing_class is not None and not (folder / "tokenizer_config.json").exists() \
+                    and not (folder / "preprocessor_config.json").exists():
+                processing_class.save_pretrained(folder)
+            problems = saved_model_problems(folder, model)
+        if distributed:
+            shared = [problems]
+            dist.broadcast_object_list(shared, src=0)
+            problems = shared[0]
+        if problems:
+            raise RuntimeError("hf_zero: checkpoint will not reload with from_pretrained: " + " ".join(problems))
+
+    def _restore_use_cache_in(self, folder: Path) -> None:
+        config_file = folder / "config.json"
+        if self._saved_use_cache is None or not config_file.exists():
+            return
+        config = json.loads(config_file.read_text())
+        config["use_cache"] = self._saved_use_cache
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # So the final save_model() writes a model that generates with a cache.
+        if self._saved_use_cache is not None and model is not None:
+            model.config.use_cache = self._saved_use_cache
+
+
+def attach(trainer, **kwargs) -> ZeroCallback:
+    """Add a ZeroCallback to ``trainer`` (first in line) and run its pre-training checks."""
+    return ZeroCallback(**kwargs).attach(trainer)

@@ -1,0 +1,112 @@
+"""Find and read DeepSpeed configs: a preset name, a JSON file, or a dict."""
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def preset_descriptions() -> dict:
+    """Preset name -> one line on what it is for, in the order they are listed."""
+    from hf_zero.recipes import DESCRIPTIONS
+
+    return dict(DESCRIPTIONS)
+
+
+def _recipes_dir() -> Path:
+    return Path(str(resources.files("hf_zero.recipes")))
+
+
+def _unknown_preset(name) -> ConfigError:
+    names = ", ".join(preset_descriptions())
+    return ConfigError(f"unknown preset {name!r}; choose one of: {names} (or pass a path to a DeepSpeed JSON file)")
+
+
+def recipe_path(name: str) -> Path:
+    """Path of a shipped DeepSpeed preset, e.g. ``recipe_path("zero3")``."""
+    if name.endswith(".json"):
+        name = name[: -len(".json")]
+    if name not in preset_descriptions():
+        raise _unknown_preset(name)
+    return _recipes_dir() / f"{name}.json"
+
+
+def accelerate_config_path(name: str) -> Path:
+    """Path of the Accelerate YAML that launches a preset (its JSON path is relative to the checkout)."""
+    recipe_path(name)
+    return _recipes_dir() / "accelerate" / f"{name}.yaml"
+
+
+def is_preset_name(value) -> bool:
+    return isinstance(value, str) and value.removesuffix(".json") in preset_descriptions() and not Path(value).exists()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no such file {str(path)!r}; pass a preset name ({', '.join(preset_descriptions())}) or an existing JSON file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{str(path)!r} is a directory; pass a DeepSpeed JSON file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{str(path)!r} is not UTF-8 text; a DeepSpeed config is a JSON file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {str(path)!r}: {e.strerror}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"invalid JSON in {str(path)!r} at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{str(path)!r} holds a JSON {type(config).__name__}, not an object; a DeepSpeed config is a JSON object {{...}}")
+    return config
+
+
+def set_dotted(config: dict, dotted_key: str, value) -> None:
+    """config["a"]["b"] = value for "a.b", creating the inner dicts."""
+    *parents, leaf = dotted_key.split(".")
+    node = config
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {dotted_key!r}: {key!r} is not a JSON object in this config")
+    node[leaf] = value
+
+
+def get_dotted(config: dict, dotted_key: str, default=None):
+    node = config
+    for key in dotted_key.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def load_config(config, *, nvme_path=None, overrides=None) -> dict:
+    """A DeepSpeed config as a fresh dict, from a preset name, a JSON path or a dict.
+
+    ``nvme_path`` fills the NVMe folder of the offload blocks that have none (zero3_nvme ships
+    without one: a hard-coded /local/nvme would point at a disk most machines lack).
+    ``overrides`` maps dotted keys to values, e.g. {"zero_optimization.stage": 2}.
+    """
+    if isinstance(config, dict):
+        loaded = copy.deepcopy(config)
+    elif isinstance(config, (str, Path)):
+        text = str(config)
+        if is_preset_name(text):
+            loaded = _read_json(recipe_path(text))
+        elif not text.endswith(".json") and not Path(text).exists() and "/" not in text:
+            raise _unknown_preset(text)
+        else:
+            loaded = _read_json(Path(text))
+    else:
+        raise TypeError(f"a DeepSpeed config is a preset name, a path or a dict, not {type(config).__name__}")
+    if nvme_path is not None:
+        for block in ("offload_param", "offload_optimizer"):
+            offload = get_dotted(loaded, f"zero_optimization.{block}")
+            if isinstance(offload, dict) and offload.get("device") == "nvme" and not offload.get("nvme_path"):
+                offload["nvme_path"] = str(nvme_path)
+    for key, value in (overrides or {}).items():
+        set_dotted(loaded, key, value)
+    return loaded

@@ -1,0 +1,112 @@
+"""A short Trainer run of a tiny model under DeepSpeed, as the tests launch it.
+
+Launch-agnostic on purpose: the tests start it with python, torchrun, deepspeed and
+accelerate. Rank 0 writes result.json and the engine's gathered weights (expected.safetensors)
+next to the saved model, so the test can compare the reload tensor by tensor.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Trainer
+
+import hf_zero
+
+
+def build_args(opts):
+    common = dict(
+        output_dir=opts.out, per_device_train_batch_size=2, gradient_accumulation_steps=opts.accum,
+        max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
+        save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
+        bf16=opts.bf16, gradient_checkpointing=opts.gc, disable_tqdm=True, lr_scheduler_type="constant",
+        deepspeed=opts.deepspeed,
+    )
+    if opts.plain_args:
+        # What a user's unmodified script does: transformers' own arguments, no CPU glue.
+        if common["deepspeed"] and not common["deepspeed"].endswith(".json"):
+            common["deepspeed"] = str(hf_zero.recipe_path(common["deepspeed"]))
+        return transformers.TrainingArguments(**common)
+    return hf_zero.TrainingArguments(nvme_path=opts.nvme_path, **common)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, task, vocab, n=64, length=16, num_labels=2):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, vocab, (n, length), generator=g)
+        self.cls_labels = torch.randint(0, num_labels, (n,), generator=g)
+        self.task = task
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        ids = self.ids[i]
+        if self.task == "cls":
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.cls_labels[i]}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", default="causal", choices=["causal", "cls"])
+    p.add_argument("--deepspeed", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--save-steps", type=int, default=0)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--gc", action="store_true")
+    p.add_argument("--plain-args", action="store_true")
+    p.add_argument("--load", default="after-args", choices=["after-args", "hf-zero", "whole"])
+    p.add_argument("--no-attach", action="store_true")
+    p.add_argument("--nvme-path", default=None)
+    opts = p.parse_args()
+
+    model_class = AutoModelForSequenceClassification if opts.task == "cls" else AutoModelForCausalLM
+    dtype = torch.bfloat16 if opts.bf16 else torch.float32
+    model = None
+    if opts.load == "whole":
+        model = model_class.from_pretrained(opts.model, dtype=dtype)  # before any DeepSpeed config exists
+    elif opts.load == "hf-zero":
+        model = hf_zero.from_pretrained(model_class, opts.model, opts.deepspeed or "zero3", dtype=dtype,
+                                        nvme_path=opts.nvme_path)
+    args = build_args(opts)
+    if model is None:
+        model = model_class.from_pretrained(opts.model, dtype=dtype)  # zero.Init through TrainingArguments
+    partitioned_at_load = hf_zero.is_partitioned(model)
+
+    data = RandomTokens(opts.task, model.config.vocab_size)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    callback = None if opts.no_attach else hf_zero.attach(trainer)
+    trainer.train()
+
+    expected = hf_zero.gathered_state_dict(trainer.model)
+    final = Path(opts.out) / "final"
+    trainer.save_model(str(final))
+    if trainer.is_world_process_zero():
+        from safetensors.torch import save_file
+
+        save_file(expected, str(Path(opts.out) / "expected.safetensors"))
+        engine = trainer.model_wrapped
+        result = {
+            "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "engine": type(engine).__name__,
+            "dp_world_size": getattr(engine, "dp_world_size", None),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "partitioned_at_load": partitioned_at_load,
+            "use_cache_during_training": getattr(trainer.model.config, "use_cache", None) if callback is None else None,
+            "warnings": callback.warnings if callback else [],
+            "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
+                              or getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
+        }
+        (Path(opts.out) / "result.json").write_text(json.dumps(result, indent=1))
+    hf_zero.shutdown()
+
+
+if __name__ == "__main__":
+    main()
