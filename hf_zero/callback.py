@@ -38,6 +38,21 @@ def _set_checkpointing_kwargs(args, kwargs) -> None:
             setattr(args, name, kwargs)
 
 
+def _loaded_use_cache(model):
+    """use_cache as the model came: the Trainer (5.24) overwrites it with args.use_cache (False) at init,
+    so every model it saves would otherwise generate without a KV cache."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "use_cache"):
+        return None
+    config_file = Path(getattr(config, "_name_or_path", "") or "/nonexistent") / "config.json"
+    try:
+        if config_file.is_file():
+            return json.loads(config_file.read_text()).get("use_cache", config.use_cache)
+        return getattr(type(config)(), "use_cache", None)
+    except Exception:  # a config class that cannot be built bare: keep what the model says
+        return config.use_cache
+
+
 def _checkpointing_kwargs(args):
     return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
 
@@ -71,6 +86,7 @@ class ZeroCallback(TrainerCallback):
         reach TensorBoard/W&B, which log from their own callbacks.
         """
         self.trainer = trainer
+        self._saved_use_cache = _loaded_use_cache(trainer.model)
         callbacks = trainer.callback_handler.callbacks
         if self in callbacks:
             callbacks.remove(self)
@@ -146,7 +162,6 @@ class ZeroCallback(TrainerCallback):
         if problems:
             raise ConfigError(problems)
         if _checkpointing_on(args) and getattr(model.config, "use_cache", None):
-            self._saved_use_cache = True
             model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
@@ -186,6 +201,8 @@ class ZeroCallback(TrainerCallback):
         if self._saved_use_cache is None or not config_file.exists():
             return
         config = json.loads(config_file.read_text())
+        if config.get("use_cache") == self._saved_use_cache:
+            return
         config["use_cache"] = self._saved_use_cache
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 

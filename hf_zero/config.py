@@ -53,11 +53,12 @@ def _auto_paths(node, prefix=""):
         yield prefix[:-1]
 
 
-def fill_auto(config: dict, *, world_size: int = 1, dtype: str | None = None) -> dict:
+def fill_auto(config: dict, *, world_size: int | None = None, dtype: str | None = None) -> dict:
     """A copy with the Trainer's "auto" keys replaced by stand-ins (unknown "auto" keys are left).
 
     ``dtype`` ("bf16" / "fp16") decides the mixed-precision blocks, so zero.Init creates the
-    parameters in the dtype training will use.
+    parameters in the dtype training will use. Without ``world_size`` an "auto"
+    train_batch_size is dropped and DeepSpeed derives it for the world it sees.
     """
     filled = copy.deepcopy(config)
     for path in list(_auto_paths(filled)):
@@ -66,7 +67,9 @@ def fill_auto(config: dict, *, world_size: int = 1, dtype: str | None = None) ->
             if path in ("bf16.enabled", "fp16.enabled"):
                 value = dtype == path.split(".")[0]
             set_dotted(filled, path, value)
-    if filled.get("train_batch_size") == "auto":
+    if filled.get("train_batch_size") == "auto" and world_size is None:
+        del filled["train_batch_size"]
+    elif filled.get("train_batch_size") == "auto":
         micro = filled.get("train_micro_batch_size_per_gpu", 1)
         accumulation = filled.get("gradient_accumulation_steps", 1)
         filled["train_batch_size"] = micro * accumulation * world_size
@@ -177,7 +180,20 @@ def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, 
         findings.append(Finding("auto-outside-trainer", "error",
                                 f'"auto" values ({", ".join(autos[:4])}{"..." if len(autos) > 4 else ""}) only work under the HF Trainer/Accelerate.',
                                 "use the config through TrainingArguments(deepspeed=...), or replace \"auto\" with values."))
-    findings += _schema_findings(fill_auto(config, world_size=world_size))
+    filled = fill_auto(config)
+    if not any(k in filled for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
+        findings.append(Finding("batch-size-missing", "error", "the config sets no batch size; DeepSpeed refuses to start.",
+                                'add "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto" '
+                                'and "train_batch_size": "auto" so the Trainer\'s batch size is used.'))
+        filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in, so the parser checks the rest
+    findings += _schema_findings(filled)
+
+    batch = [config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
+    if all(isinstance(v, int) for v in batch) and batch[0] != batch[1] * batch[2] * world_size:
+        findings.append(Finding("batch-arithmetic", "error",
+                                f"train_batch_size {batch[0]} != micro batch {batch[1]} x gradient accumulation {batch[2]} "
+                                f"x world size {world_size}.",
+                                'set the three batch keys to "auto" under the Trainer, or make them multiply out.'))
 
     fp16 = get_dotted(config, "fp16.enabled")
     bf16 = get_dotted(config, "bf16.enabled")

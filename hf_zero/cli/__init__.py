@@ -1,0 +1,31 @@
+"""The ``hf-zero`` command: a thin entry that hands each subcommand its own module."""
+
+import argparse
+import sys
+
+from ..errors import ConfigError
+from . import check, recipes
+
+_SUBCOMMANDS = (recipes, check)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-zero", description="DeepSpeed ZeRO for the Hugging Face Trainer.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in _SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, ValueError, OSError) as e:
+        # Bad input: one message saying what and how to fix, never a traceback.
+        print(f"hf-zero {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,12 +17,17 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 import hf_zero
 
 
+# transformers 5.24 renamed gradient_checkpointing (kept as a deprecated alias)
+CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
+                     else "gradient_checkpointing")
+
+
 def build_args(opts):
     common = dict(
         output_dir=opts.out, per_device_train_batch_size=2, gradient_accumulation_steps=opts.accum,
         max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
-        bf16=opts.bf16, gradient_checkpointing=opts.gc, disable_tqdm=True, lr_scheduler_type="constant",
+        bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, lr_scheduler_type="constant",
         deepspeed=opts.deepspeed,
     )
     if opts.plain_args:
@@ -50,6 +55,14 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+class LoggedKeys(transformers.TrainerCallback):
+    def __init__(self):
+        self.keys = set()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.keys.update(logs or {})
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -65,6 +78,7 @@ def main():
     p.add_argument("--load", default="after-args", choices=["after-args", "hf-zero", "whole"])
     p.add_argument("--no-attach", action="store_true")
     p.add_argument("--nvme-path", default=None)
+    p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
     model_class = AutoModelForSequenceClassification if opts.task == "cls" else AutoModelForCausalLM
@@ -83,6 +97,8 @@ def main():
     data = RandomTokens(opts.task, model.config.vocab_size)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     callback = None if opts.no_attach else hf_zero.attach(trainer)
+    logged = LoggedKeys()
+    trainer.add_callback(logged)  # last in line, like TensorBoard/W&B: sees what they would see
     trainer.train()
 
     expected = hf_zero.gathered_state_dict(trainer.model)
@@ -104,6 +120,7 @@ def main():
             "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
                               or getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
         }
+        (Path(opts.out) / "logged_keys.json").write_text(json.dumps(sorted(logged.keys)))
         (Path(opts.out) / "result.json").write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
 

@@ -1,0 +1,3 @@
+from hf_zero.cli import main
+
+raise SystemExit(main())

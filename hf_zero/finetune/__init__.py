@@ -1,0 +1,1 @@
+"""Data and metrics for `hf-zero finetune`: local tables to tokenized datasets."""

@@ -1,0 +1,127 @@
+"""Shared fixtures: tiny models built from a config, and launching DeepSpeed workers for real."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+WORKER = REPO / "tests" / "scripts" / "train_tiny.py"
+
+
+def worker_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update(
+        # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) survive between runs here
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "hf_zero" / "torch_extensions")),
+        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO),
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    from hf_zero.distributed import free_port as _free_port
+
+    return _free_port()
+
+
+def launch_command(launcher: str, nproc: int, script_args: list) -> list:
+    port = str(free_port())
+    if launcher == "python":
+        assert nproc == 1
+        return [sys.executable, str(WORKER), *script_args]
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                "--master_port", port, str(WORKER), *script_args]
+    if launcher == "deepspeed":
+        return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
+    if launcher.startswith("accelerate:"):
+        yaml = launcher.split(":", 1)[1]
+        return [str(BIN / "accelerate"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
+                "--main_process_port", port, str(WORKER), *script_args]
+    raise ValueError(launcher)
+
+
+def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900):
+    """Run the worker; on an unexpected exit code fail with the workers' output, not just the code."""
+    launcher = launcher or ("python" if nproc == 1 else "torchrun")
+    cmd = launch_command(launcher, nproc, [str(a) for a in script_args])
+    proc = subprocess.run(cmd, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+    failed = proc.returncode != 0
+    if failed != expect_fail:
+        tail = (proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-8000:])
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode} (expected {'failure' if expect_fail else 'success'}):\n{tail}")
+    return proc
+
+
+def read_result(out: Path) -> dict:
+    return json.loads((Path(out) / "result.json").read_text())
+
+
+def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM"):
+    """from_pretrained(out/final) in this clean process holds exactly the engine's gathered weights."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    expected = load_file(str(Path(out) / "expected.safetensors"))
+    model = getattr(transformers, model_class_name).from_pretrained(str(Path(out) / "final"), dtype="auto")
+    reloaded = model.state_dict()
+    assert expected, "no gathered weights were written"
+    for name, tensor in expected.items():
+        assert name in reloaded, f"{name} missing after reload"
+        got = reloaded[name]
+        assert got.dtype == tensor.dtype, f"{name}: dtype {got.dtype} != {tensor.dtype}"
+        assert got.shape == tensor.shape, f"{name}: shape {tuple(got.shape)} != {tuple(tensor.shape)}"
+        assert torch.equal(got, tensor), f"{name}: max diff {(got.float() - tensor.float()).abs().max()}"
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Random-init Llama, GPT-2 (causal LM) and BERT (classifier), hidden 64, saved once per session."""
+    import torch
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig, GPT2Config,
+                              LlamaConfig)
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    torch.manual_seed(0)
+    configs = {
+        "llama": (AutoModelForCausalLM, LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                                    max_position_embeddings=64)),
+        "gpt2": (AutoModelForCausalLM, GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64)),
+        "bert": (AutoModelForSequenceClassification, BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                                intermediate_size=128, vocab_size=256, num_labels=2,
+                                                                max_position_embeddings=64)),
+    }
+    paths = {}
+    for name, (cls, config) in configs.items():
+        paths[name] = root / name
+        cls.from_config(config).save_pretrained(paths[name])
+    return paths
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_models, tmp_path_factory):
+    """Run a worker once per distinct setting in the session; tests share the results."""
+    cache = {}
+
+    def _trained(model="llama", preset="zero3", nproc=1, *flags, launcher=None, env=None, task="causal"):
+        key = (model, preset, nproc, flags, launcher, tuple(sorted((env or {}).items())), task)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{model}-{preset}-{nproc}")
+            args = ["--model", tiny_models[model], "--out", out, "--task", task, *flags]
+            if preset:
+                args += ["--deepspeed", preset]
+            run_worker(args, nproc=nproc, launcher=launcher, env=env)
+            cache[key] = out
+        return cache[key]
+
+    return _trained
