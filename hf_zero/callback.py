@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from .config import check_config
-from .distributed import has_gpu
+from .distributed import has_gpu, world_size
 from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
@@ -57,6 +57,12 @@ def _checkpointing_kwargs(args):
     return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
 
 
+def _training_alone(seen: int, launched: int, who: str) -> str:
+    return (f"{who} trains on a data-parallel world size of {seen}, but {launched} processes were launched: "
+            "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments "
+            "(hf_zero.TrainingArguments does it) and start the process group before them (hf_zero.init_distributed()).")
+
+
 class ZeroCallback(TrainerCallback):
     """Checks and fixes a Trainer run under DeepSpeed ZeRO. Attach it with ``hf_zero.attach(trainer)``.
 
@@ -103,7 +109,9 @@ class ZeroCallback(TrainerCallback):
         config = deepspeed_config_of(args)
         if config is None:
             return
-        for finding in check_config(config, on_cpu=not has_gpu(), world_size=int(os.environ.get("WORLD_SIZE", "1"))):
+        if args.world_size != world_size():
+            raise ConfigError(_training_alone(args.world_size, world_size(), "the Trainer"))
+        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size()):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))
         self.stage = get_dotted(config, "zero_optimization.stage", 0)
@@ -145,7 +153,7 @@ class ZeroCallback(TrainerCallback):
         from deepspeed import DeepSpeedEngine
 
         engine = self.trainer.model_wrapped
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        launched = world_size()
         if not isinstance(engine, DeepSpeedEngine):
             cpu_hint = (" ACCELERATE_USE_CPU is set, which swaps DeepSpeed for plain DDP on CPU: unset it and pass "
                         "use_cpu=True (hf_zero.TrainingArguments does)." if os.environ.get("ACCELERATE_USE_CPU") else "")
@@ -153,10 +161,7 @@ class ZeroCallback(TrainerCallback):
                             f"not a DeepSpeedEngine.{cpu_hint}")
         else:
             if engine.dp_world_size != launched:
-                problems.append(f"the DeepSpeed engine trains on a data-parallel world size of {engine.dp_world_size}, but "
-                                f"{launched} processes were launched: each rank is training alone. Fix: on CPU pass "
-                                "use_cpu=True (hf_zero.TrainingArguments does it) and start the process group before "
-                                "TrainingArguments (hf_zero.init_distributed()).")
+                problems.append(_training_alone(engine.dp_world_size, launched, "the DeepSpeed engine"))
             if self.stage == 3 and not is_partitioned(model):
                 problems.append("stage 3 is configured but the parameters are not partitioned (zero.Init did not run).")
         if problems:

@@ -186,6 +186,9 @@ def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, 
                                 'add "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto" '
                                 'and "train_batch_size": "auto" so the Trainer\'s batch size is used.'))
         filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in, so the parser checks the rest
+    elif "train_micro_batch_size_per_gpu" in filled:
+        # batch-arithmetic (above) checks it for the real world size; DeepSpeed's parser sees only its own
+        filled.pop("train_batch_size", None)
     findings += _schema_findings(filled)
 
     batch = [config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]

@@ -77,6 +77,7 @@ def main():
     p.add_argument("--plain-args", action="store_true")
     p.add_argument("--load", default="after-args", choices=["after-args", "hf-zero", "whole"])
     p.add_argument("--no-attach", action="store_true")
+    p.add_argument("--callback-in-list", action="store_true", help="Trainer(callbacks=[ZeroCallback()]) instead of attach")
     p.add_argument("--nvme-path", default=None)
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
@@ -95,8 +96,9 @@ def main():
     partitioned_at_load = hf_zero.is_partitioned(model)
 
     data = RandomTokens(opts.task, model.config.vocab_size)
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    callback = None if opts.no_attach else hf_zero.attach(trainer)
+    in_list = [hf_zero.ZeroCallback()] if opts.callback_in_list else None
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list)
+    callback = None if opts.no_attach or in_list else hf_zero.attach(trainer)
     logged = LoggedKeys()
     trainer.add_callback(logged)  # last in line, like TensorBoard/W&B: sees what they would see
     trainer.train()

@@ -1,0 +1,76 @@
+"""Each ZeroCallback check, in a real DeepSpeed run: one case where it fires, one where it stays quiet."""
+
+import json
+
+import pytest
+
+from conftest import assert_reload_bitwise, read_result, run_worker
+
+pytestmark = pytest.mark.multiproc
+
+
+def _args(tiny_models, out, *extra, preset="zero3", model="llama"):
+    return ["--model", tiny_models[model], "--out", out, "--deepspeed", preset, *extra]
+
+
+def test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp(tiny_models, tmp_path):
+    proc = run_worker(_args(tiny_models, tmp_path, preset="zero1"), env={"ACCELERATE_USE_CPU": "true"}, expect_fail=True)
+    assert "not a DeepSpeedEngine" in proc.stderr and "ACCELERATE_USE_CPU" in proc.stderr
+
+
+def test_quiet_engine_check_on_a_real_engine(trained):
+    result = read_result(trained("llama", "zero1", 1))
+    assert result["engine"] == "DeepSpeedEngine" and result["warnings"] == []
+
+
+def test_fires_when_ranks_would_train_alone(tiny_models, tmp_path):
+    # transformers' own TrainingArguments on CPU without use_cpu: each rank sees world size 1
+    proc = run_worker(_args(tiny_models, tmp_path, "--plain-args", preset="zero2"), nproc=2, expect_fail=True)
+    assert "processes were launched" in proc.stderr and "use_cpu=True" in proc.stderr
+
+
+def test_quiet_world_size_with_hf_zero_arguments(trained):
+    result = read_result(trained("llama", "zero2", 2))
+    assert result["dp_world_size"] == 2 and result["warnings"] == []
+
+
+def test_warns_when_zero3_model_was_built_whole(tiny_models, tmp_path):
+    run_worker(_args(tiny_models, tmp_path, "--load", "whole"), nproc=2)
+    result = read_result(tmp_path)
+    assert result["partitioned_at_load"] is False
+    [warning] = [w for w in result["warnings"] if "built whole" in w]
+    assert "GiB of host memory" in warning and "hf_zero.from_pretrained" in warning
+    assert_reload_bitwise(tmp_path)
+
+
+def test_quiet_when_zero3_model_loaded_partitioned(trained):
+    result = read_result(trained("llama", "zero3", 2))
+    assert result["partitioned_at_load"] is True
+    assert not any("built whole" in w for w in result["warnings"])
+
+
+def test_gather_off_is_turned_on_so_the_save_reloads(tiny_models, tmp_path):
+    import hf_zero
+
+    config = hf_zero.load_config("zero3")
+    config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    path = tmp_path / "gather_off.json"
+    path.write_text(json.dumps(config))
+    run_worker(_args(tiny_models, tmp_path, preset=str(path)), nproc=2)
+    result = read_result(tmp_path)
+    assert any("stage3_gather_16bit_weights_on_model_save was off" in w for w in result["warnings"])
+    assert (tmp_path / "final" / "model.safetensors").exists()
+    assert_reload_bitwise(tmp_path)
+
+
+def test_callback_passed_in_list_says_how_to_attach(tiny_models, tmp_path):
+    proc = run_worker(_args(tiny_models, tmp_path, "--callback-in-list", preset="zero2"), expect_fail=True)
+    assert "hf_zero.attach(trainer)" in proc.stderr
+
+
+def test_checkpoint_folders_verified_and_reloadable(trained):
+    out = trained("llama", "zero3", 2, "--gc", "--save-steps", "2")
+    from hf_zero import saved_model_problems
+
+    assert saved_model_problems(out / "checkpoint-2") == []
+    assert saved_model_problems(out / "checkpoint-4") == []

@@ -1,0 +1,65 @@
+"""The hf-zero command: right answers, and bad input as one message with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hf_zero.cli import main
+
+
+def test_recipes_lists_each_preset_with_a_line(capsys):
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for name in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"):
+        assert f"\n{name} " in "\n" + out
+
+
+def test_recipes_prints_the_path(capsys):
+    assert main(["recipes", "zero3"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path.endswith("zero3.json") and json.loads(open(path).read())["zero_optimization"]["stage"] == 3
+
+
+def test_recipes_writes_nvme_config_and_accelerate_yaml(tmp_path, capsys):
+    out = tmp_path / "ds.json"
+    yaml_out = tmp_path / "acc.yaml"
+    assert main(["recipes", "zero3_nvme", "--nvme-path", str(tmp_path), "--out", str(out),
+                 "--accelerate-config", str(yaml_out)]) == 0
+    assert json.loads(out.read_text())["zero_optimization"]["offload_param"]["nvme_path"] == str(tmp_path)
+    assert f"deepspeed_config_file: {out}" in yaml_out.read_text()
+
+
+def test_check_preset_clean(capsys):
+    assert main(["check", "zero3", "--cpu"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_check_reports_all_findings_exit_1(tmp_path, capsys):
+    path = tmp_path / "tutorial.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_checkpointing": True,
+                                "fp16": {"enabled": True}, "zero_optimization": {"stage": 3, "bogus": 1}}))
+    assert main(["check", str(path), "--cpu", "--json"]) == 1
+    found = {f["code"] for f in json.loads(capsys.readouterr().out)}
+    assert found == {"unknown-key", "fp16-on-cpu", "zero3-no-gather"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["recipes", "zero9"], "unknown preset 'zero9'"),
+    (["check", "zero9"], "unknown preset 'zero9'"),
+    (["check", "/nonexistent/ds.json"], "no such file"),
+])
+def test_bad_input_one_message_exit_2(argv, message):
+    # a real process: what a user sees, traceback or not
+    proc = subprocess.run([sys.executable, "-m", "hf_zero", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_invalid_json_exit_2(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text("{nope")
+    assert main(["check", str(path)]) == 2
+    assert "invalid JSON" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Config findings: each rule fires on a bad config and stays quiet on a good one."""
+
+import json
+
+import pytest
+
+import hf_zero
+from hf_zero.config import validate_config
+
+
+def codes(config, **kwargs):
+    return [f.code for f in validate_config(config, **kwargs)]
+
+
+@pytest.fixture
+def good():
+    return hf_zero.load_config("zero3")
+
+
+def test_quiet_on_a_preset(good):
+    assert codes(good, on_cpu=True) == []
+
+
+def test_top_level_key_deepspeed_ignores(good):
+    good["gradient_checkpointing"] = True
+    [finding] = validate_config(good)
+    assert finding.code == "unknown-key" and "TrainingArguments(gradient_checkpointing=True)" in finding.fix
+
+
+def test_misspelled_nested_key(good):
+    good["zero_optimization"]["stage3_gather_16bit_weights_on_model_sav"] = True
+    [finding] = validate_config(good)
+    assert finding.code == "unknown-key" and "zero_optimization.stage3_gather_16bit_weights_on_model_sav" in finding.message
+
+
+def test_bad_block_does_not_hide_ignored_keys(good):
+    good["zero_optimization"]["offload_param"] = {"device": "gpu"}
+    good["nccl_timeout"] = 30
+    assert sorted(codes(good)) == ["invalid-value", "unknown-key"]
+
+
+def test_fp16_on_cpu(good):
+    good["fp16"]["enabled"] = True
+    assert codes(good, on_cpu=True) == ["fp16-on-cpu"]
+    assert codes(good, on_cpu=False) == []
+
+
+def test_fp16_and_bf16_both_on(good):
+    good["fp16"]["enabled"] = True
+    good["bf16"]["enabled"] = True
+    assert "fp16-and-bf16" in codes(good)
+
+
+def test_batch_arithmetic(good):
+    good.update(train_batch_size=8, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1)
+    assert codes(good, world_size=2) == []
+    assert codes(good, world_size=1) == ["batch-arithmetic"]
+
+
+def test_no_batch_size(good):
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        del good[key]
+    assert codes(good) == ["batch-size-missing"]
+
+
+def test_auto_on_a_key_the_trainer_does_not_fill(good):
+    good["zero_optimization"]["sub_group_size"] = "auto"
+    assert "auto-unfilled" in codes(good)
+
+
+def test_zero3_without_gather_warns(good):
+    good["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    [finding] = validate_config(good)
+    assert (finding.code, finding.severity) == ("zero3-no-gather", "warning")
+    with pytest.raises(hf_zero.ConfigError):
+        hf_zero.config.check_config({**good, "bogus": 1})
+    assert [f.code for f in hf_zero.config.check_config(good)] == ["zero3-no-gather"]
+
+
+def test_load_config_errors(tmp_path):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"zero_optimization": ')
+    with pytest.raises(hf_zero.ConfigError, match="invalid JSON .* line 1"):
+        hf_zero.load_config(bad_json)
+    a_list = tmp_path / "list.json"
+    a_list.write_text("[1, 2]")
+    with pytest.raises(hf_zero.ConfigError, match="not an object"):
+        hf_zero.load_config(a_list)
+    with pytest.raises(hf_zero.ConfigError, match="no such file"):
+        hf_zero.load_config(tmp_path / "missing.json")
+    with pytest.raises(hf_zero.ConfigError, match="is a directory"):
+        hf_zero.load_config(str(tmp_path) + "/")
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(hf_zero.ConfigError, match="not UTF-8"):
+        hf_zero.load_config(binary)
+
+
+def test_overrides_and_dicts_are_copied(good):
+    changed = hf_zero.load_config(good, overrides={"zero_optimization.stage": 2})
+    assert changed["zero_optimization"]["stage"] == 2 and good["zero_optimization"]["stage"] == 3
+
+
+def test_fp16_on_cpu_refused_by_training_args(tmp_path):
+    with pytest.raises(hf_zero.ConfigError, match="fp16.*CPU"):
+        hf_zero.TrainingArguments(output_dir=str(tmp_path), deepspeed="zero3", fp16=True)
