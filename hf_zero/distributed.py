@@ -6,6 +6,7 @@ launcher) the RANK/WORLD_SIZE variables a launcher would set; on GPUs the same c
 
 import os
 import socket
+import warnings
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -47,6 +48,8 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
+    # DeepSpeed 0.19 calls these on every step; torch's rename warning would flood the logs
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
     ensure_single_process_env()
     import deepspeed
 
@@ -65,9 +68,12 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
 
 
 def is_main_process() -> bool:
+    """Rank 0, from the process group if there is one, else from the launcher's RANK."""
     import torch.distributed as dist
 
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def barrier() -> None:

@@ -8,15 +8,24 @@ from pathlib import Path
 from .errors import ConfigError
 
 
+def _recipes_dir() -> Path:
+    try:
+        return Path(str(resources.files("hf_zero.recipes")))
+    except ModuleNotFoundError:
+        # A source checkout on sys.path but not pip-installed: recipes/ sits beside the package
+        return Path(__file__).resolve().parent.parent / "recipes"
+
+
 def preset_descriptions() -> dict:
     """Preset name -> one line on what it is for, in the order they are listed."""
-    from hf_zero.recipes import DESCRIPTIONS
+    try:
+        from hf_zero.recipes import DESCRIPTIONS
+    except ModuleNotFoundError:
+        import ast
 
+        source = (_recipes_dir() / "__init__.py").read_text()
+        DESCRIPTIONS = ast.literal_eval(source.split("DESCRIPTIONS = ", 1)[1])
     return dict(DESCRIPTIONS)
-
-
-def _recipes_dir() -> Path:
-    return Path(str(resources.files("hf_zero.recipes")))
 
 
 def _unknown_preset(name) -> ConfigError:

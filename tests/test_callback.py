@@ -7,12 +7,14 @@ import pytest
 from conftest import assert_reload_bitwise, read_result, run_worker
 
 pytestmark = pytest.mark.multiproc
+cpu_only = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CPU-machine pitfall")
 
 
 def _args(tiny_models, out, *extra, preset="zero3", model="llama"):
     return ["--model", tiny_models[model], "--out", out, "--deepspeed", preset, *extra]
 
 
+@cpu_only
 def test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp(tiny_models, tmp_path):
     proc = run_worker(_args(tiny_models, tmp_path, preset="zero1"), env={"ACCELERATE_USE_CPU": "true"}, expect_fail=True)
     assert "not a DeepSpeedEngine" in proc.stderr and "ACCELERATE_USE_CPU" in proc.stderr
@@ -23,6 +25,7 @@ def test_quiet_engine_check_on_a_real_engine(trained):
     assert result["engine"] == "DeepSpeedEngine" and result["warnings"] == []
 
 
+@cpu_only
 def test_fires_when_ranks_would_train_alone(tiny_models, tmp_path):
     # transformers' own TrainingArguments on CPU without use_cpu: each rank sees world size 1
     proc = run_worker(_args(tiny_models, tmp_path, "--plain-args", preset="zero2"), nproc=2, expect_fail=True)

@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from . import check, recipes
+from . import check, finetune, recipes
 
-_SUBCOMMANDS = (recipes, check)
+_SUBCOMMANDS = (recipes, check, finetune)
 
 
 def build_parser() -> argparse.ArgumentParser:

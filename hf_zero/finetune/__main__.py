@@ -1,0 +1,3 @@
+from hf_zero.finetune.train import main
+
+raise SystemExit(main())

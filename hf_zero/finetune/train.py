@@ -1,0 +1,129 @@
+"""`hf-zero finetune`: fine-tune a pretrained model under DeepSpeed ZeRO with the HF Trainer.
+
+    torchrun --nproc_per_node 2 -m hf_zero.finetune --model PATH --data reviews.csv \\
+        --label_column category --recipe zero3 --num_train_epochs 1 --output_dir out
+Runs the same as plain `python -m hf_zero.finetune`, under `accelerate launch` and `deepspeed`.
+Every TrainingArguments flag passes through.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transformers import HfArgumentParser, Trainer
+
+from .. import ConfigError, TrainingArguments, attach, shutdown
+from ..distributed import has_gpu, is_main_process
+from .args import FinetuneArguments
+from .task import build_task, check_model_source, load_model, load_tokenizer, summarise_metrics
+
+# Defaults that make a fine-tune sensible out of the box; any flag given on the command line wins.
+_TRAINER_DEFAULTS = {"output_dir": "finetune_out", "eval_strategy": "epoch", "eval_on_start": "true",
+                     "logging_steps": "10", "save_strategy": "no", "report_to": "none", "seed": "0"}
+
+
+def _default_recipe(model: str) -> str:
+    """zero3 on CPU (memory is the limit there) and for models whose Adam states would crowd one GPU; else zero2."""
+    if not has_gpu():
+        return "zero3"
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModel
+
+    with init_empty_weights():
+        n = sum(p.numel() for p in AutoModel.from_config(AutoConfig.from_pretrained(model)).parameters())
+    return "zero3" if n * 16 > 0.5 * torch.cuda.get_device_properties(0).total_memory else "zero2"
+
+
+def parse(argv):
+    ft, rest = HfArgumentParser(FinetuneArguments).parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    given = {a.split("=")[0].lstrip("-") for a in rest if a.startswith("--")}
+    defaults = [item for key, value in _TRAINER_DEFAULTS.items() if key not in given for item in (f"--{key}", value)]
+    if ft.task == "classification" and "average_tokens_across_devices" not in given:
+        # The Trainer multiplies the loss by the number of processes for models that take loss kwargs,
+        # which is right for token-averaged LM losses and doubles a classifier's loss on 2 ranks.
+        defaults += ["--average_tokens_across_devices", "false"]
+    if "deepspeed" not in given:
+        ft.recipe = ft.recipe or _default_recipe(ft.model)
+        defaults += ["--deepspeed", ft.recipe]
+    check_model_source(ft)
+    [args] = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=rest + defaults)
+    return ft, args
+
+
+def _plot_losses(history, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(e["step"], e["loss"]) for e in history if "loss" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in history if "eval_loss" in e]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), "o-", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title("hf-zero finetune")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(ft, args) -> dict:
+    tokenizer = load_tokenizer(ft)
+    task = build_task(ft, tokenizer)
+    model = load_model(ft, task)  # after TrainingArguments: ZeRO-3 partitions it at load
+    trainer = Trainer(model=model, args=args, train_dataset=task.train, eval_dataset=task.eval,
+                      data_collator=task.collator, compute_metrics=task.compute_metrics, processing_class=tokenizer)
+    zero = attach(trainer)
+    started = time.time()
+    trainer.train()
+    train_seconds = time.time() - started
+    final = Path(args.output_dir) / "final"
+    trainer.save_model(str(final))
+    history = trainer.state.log_history
+    evals = [e for e in history if "eval_loss" in e]
+    summary = {
+        "model": ft.model, "data": ft.data, "task": ft.task, "finetune_args": ft.__dict__,
+        "recipe": ft.recipe,
+        "zero_stage": zero.stage, "world_size": args.world_size, "device": "cuda" if has_gpu() else "cpu",
+        "train_rows": len(task.train), "eval_rows": len(task.eval), "steps": trainer.state.global_step,
+        "train_seconds": round(train_seconds, 1), "before": summarise_metrics(evals[0]) if evals else {},
+        "after_in_run": summarise_metrics(evals[-1]) if len(evals) > 1 else {}, "saved_model": str(final),
+        "warnings": zero.warnings, "log_history": history,
+    }
+    if trainer.is_world_process_zero():
+        (Path(args.output_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        _plot_losses(history, Path(args.output_dir) / "loss_curve.png")
+    return summary
+
+
+def _reload_check(output_dir) -> int:
+    """Reload the saved model in a fresh process (no DeepSpeed config alive, no launcher env) and evaluate it."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID") and not k.startswith("ACCELERATE_")}
+    return subprocess.run([sys.executable, "-m", "hf_zero.finetune.report", str(output_dir)], env=env).returncode
+
+
+def main(argv=None) -> int:
+    try:
+        ft, args = parse(argv)
+        run(ft, args)
+    except (ConfigError, ValueError, OSError) as e:
+        if is_main_process():
+            print(f"hf-zero finetune: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        shutdown()
+    if is_main_process() and ft.reload_check:
+        return _reload_check(args.output_dir)
+    return 0
