@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ def worker_env(**extra) -> dict:
         # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) survive between runs here
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "hf_zero" / "torch_extensions")),
         OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     env.update(extra)
     return env
@@ -40,10 +41,10 @@ def launch_command(launcher: str, nproc: int, script_args: list) -> list:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                 "--master_port", port, str(WORKER), *script_args]
     if launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
+        return [shutil.which("deepspeed", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
     if launcher.startswith("accelerate:"):
         yaml = launcher.split(":", 1)[1]
-        return [str(BIN / "accelerate"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
+        return [shutil.which("accelerate", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
                 "--main_process_port", port, str(WORKER), *script_args]
     raise ValueError(launcher)
 

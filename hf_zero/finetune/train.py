@@ -111,6 +111,10 @@ def _reload_check(output_dir) -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                         "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID") and not k.startswith("ACCELERATE_")}
+    if has_gpu():
+        # one device, as a user loading the model would: with several visible GPUs the Trainer
+        # would wrap it in DataParallel and scale the loss by the GPU count
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     return subprocess.run([sys.executable, "-m", "hf_zero.finetune.report", str(output_dir)], env=env).returncode
 
 
