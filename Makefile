@@ -29,7 +29,7 @@ $(VENV)/.demo: $(VENV)/.installed
 demo: $(VENV)/.demo
 	$(PY) -m hf_zero.finetune.demo --nproc $(NPROC)
 
-test: $(VENV)/.installed
+test: $(VENV)/.demo
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(VENV)/.installed

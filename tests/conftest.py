@@ -84,6 +84,33 @@ def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM"):
     return model
 
 
+SENTENCES = [
+    "the movie was great and the cast was fine",
+    "a dull plot with bad acting",
+    "user assistant system hello how are you i am fine thanks",
+    "what is two plus two it is four",
+]
+SPECIAL = ["<pad>", "<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_tokenizer():
+    """A word-level fast tokenizer with a ChatML-style template, trained offline on SENTENCES."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=SPECIAL))
+    tok.add_special_tokens(SPECIAL)  # split out before pre-tokenization, skipped by decode
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Random-init Llama, GPT-2 (causal LM) and BERT (classifier), hidden 64, saved once per session."""
@@ -106,6 +133,20 @@ def tiny_models(tmp_path_factory):
     for name, (cls, config) in configs.items():
         paths[name] = root / name
         cls.from_config(config).save_pretrained(paths[name])
+    # a causal LM with a real (tiny) tokenizer saved beside it, as hf-zero finetune expects
+    tokenizer = build_tiny_tokenizer()
+    paths["llama_tok"] = root / "llama_tok"
+    AutoModelForCausalLM.from_config(LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=len(tokenizer), max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)).save_pretrained(paths["llama_tok"])
+    tokenizer.save_pretrained(paths["llama_tok"])
+    # a classifier whose head already has 3 labels, for the label-count check
+    paths["bert3"] = root / "bert3"
+    AutoModelForSequenceClassification.from_config(BertConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, vocab_size=len(tokenizer),
+        num_labels=3, architectures=["BertForSequenceClassification"])).save_pretrained(paths["bert3"])
+    tokenizer.save_pretrained(paths["bert3"])
     return paths
 
 

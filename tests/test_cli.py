@@ -63,3 +63,10 @@ def test_invalid_json_exit_2(tmp_path, capsys):
     path.write_text("{nope")
     assert main(["check", str(path)]) == 2
     assert "invalid JSON" in capsys.readouterr().err
+
+
+def test_finetune_subcommand_bad_model_exit_2(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\na,0\nb,1\n")
+    assert main(["finetune", "--model", str(tmp_path / "missing"), "--data", str(data)]) == 2
+    assert "does not exist" in capsys.readouterr().err

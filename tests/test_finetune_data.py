@@ -16,34 +16,17 @@ import pytest
 pytest.importorskip("datasets")
 pytest.importorskip("evaluate")
 from datasets import Dataset, DatasetDict  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import EvalPrediction, PreTrainedTokenizerFast  # noqa: E402
 
 from hf_zero.finetune import data  # noqa: E402
 from hf_zero.metrics import BUNDLED, classification_metrics, load_metric, perplexity  # noqa: E402
 
-SENTENCES = [
-    "the movie was great and the cast was fine",
-    "a dull plot with bad acting",
-    "user assistant system hello how are you i am fine thanks",
-    "what is two plus two it is four",
-]
-SPECIAL = ["<pad>", "<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from conftest import CHAT_TEMPLATE, SENTENCES, build_tiny_tokenizer  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=SPECIAL))
-    tok.add_special_tokens(SPECIAL)  # split out before pre-tokenization, skipped by decode
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return build_tiny_tokenizer()
 
 
 def reviews(n=10):
