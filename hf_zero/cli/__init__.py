@@ -18,7 +18,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # finetune passes every flag through to HfArgumentParser; the other subcommands are strict
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "finetune":
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
     except (ConfigError, ValueError, OSError) as e:

@@ -39,7 +39,10 @@ def _default_recipe(model: str) -> str:
 
 
 def parse(argv):
-    ft, rest = HfArgumentParser(FinetuneArguments).parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    parser = HfArgumentParser(FinetuneArguments, prog="hf-zero finetune", description=__doc__.splitlines()[0],
+                              epilog="Every transformers TrainingArguments flag (--learning_rate, --num_train_epochs, "
+                                     "--bf16, --gradient_checkpointing, --output_dir, ...) is accepted too.")
+    ft, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     given = {a.split("=")[0].lstrip("-") for a in rest if a.startswith("--")}
     defaults = [item for key, value in _TRAINER_DEFAULTS.items() if key not in given for item in (f"--{key}", value)]
     if ft.task == "classification" and "average_tokens_across_devices" not in given:
