@@ -17,8 +17,8 @@ WORKER = REPO / "tests" / "scripts" / "train_tiny.py"
 def worker_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(
-        # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) survive between runs here
-        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "hf_zero" / "torch_extensions")),
+        # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) are kept with the venv
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")),
         OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )

@@ -36,7 +36,7 @@ def _aio_available() -> bool:
     return AsyncIOBuilder().is_compatible(verbose=False)
 
 
-@pytest.mark.slow
+@pytest.mark.nvme
 def test_nvme_preset_reloads_bitwise(trained, tmp_path):
     if not _aio_available():
         pytest.skip("libaio is missing (apt-get install -y libaio-dev; .ci/run installs it)")
