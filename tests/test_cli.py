@@ -70,3 +70,21 @@ def test_finetune_subcommand_bad_model_exit_2(tmp_path, capsys):
     data.write_text("text,label\na,0\nb,1\n")
     assert main(["finetune", "--model", str(tmp_path / "missing"), "--data", str(data)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": "auto"},
+     "does not support fp16"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5}, "train_micro_batch_size_per_gpu": "auto"},
+     "DeepSpeed does not know the key zero_optimization.reduce_bucket_sise"),
+])
+def test_finetune_refuses_a_bad_config_before_training(tmp_path, capsys, config, message):
+    if __import__("torch").cuda.is_available() and "fp16" in message:
+        pytest.skip("fp16 is fine on GPUs")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\na,0\nb,1\n")
+    assert main(["finetune", "--model", str(tmp_path), "--data", str(data), "--recipe", str(path),
+                 "--output_dir", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err

@@ -1,23 +1,34 @@
 """hf-zero finetune end to end (real Trainer, real DeepSpeed), and its bad-input messages."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from importlib.util import find_spec
 
 import pytest
 
-from conftest import REPO, SENTENCES, free_port, worker_env
+from conftest import BIN, REPO, SENTENCES, free_port, worker_env
 
 pytestmark = pytest.mark.multiproc
 
 
-def finetune(args, nproc=1, expect_rc=0, timeout=900):
-    if nproc == 1:
+def finetune(args, nproc=1, expect_rc=0, timeout=900, launcher=None):
+    """Run hf-zero finetune as users do: python (1 process), torchrun, deepspeed or accelerate launch."""
+    port = str(free_port())
+    if launcher == "deepspeed":  # the deepspeed launcher runs scripts, not modules
+        cmd = [shutil.which("deepspeed", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "--num_gpus",
+               str(nproc), "--master_port", port, str(REPO / "hf_zero" / "finetune" / "__main__.py"), *map(str, args)]
+    elif launcher and launcher.startswith("accelerate:"):
+        cmd = [shutil.which("accelerate", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "launch",
+               "--config_file", launcher.split(":", 1)[1], "--num_processes", str(nproc), "--main_process_port", port,
+               "-m", "hf_zero.finetune", *map(str, args)]
+    elif nproc == 1:
         cmd = [sys.executable, "-m", "hf_zero.finetune", *map(str, args)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(free_port()), "-m", "hf_zero.finetune", *map(str, args)]
+               port, "-m", "hf_zero.finetune", *map(str, args)]
     proc = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != expect_rc:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, expected {expect_rc}:\n{proc.stdout[-3000:]}\n"
@@ -54,10 +65,11 @@ def test_causal_lm_on_plain_text(tiny_models, tmp_path):
     text.write_text("\n".join(SENTENCES * 20))
     out = tmp_path / "out"
     finetune(["--model", tiny_models["llama_tok"], "--data", text, "--task", "causal_lm", "--max_length", "16",
-              "--recipe", "zero3", "--output_dir", out, *QUICK])
+              "--recipe", "zero3", "--output_dir", out, *QUICK], nproc=2, launcher="deepspeed")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["after_in_run"]["perplexity"] < summary["before"]["perplexity"]
-    assert summary["after_reloaded"]["perplexity"] == pytest.approx(summary["after_in_run"]["perplexity"], rel=1e-4)
+    # not exact: on 2 ranks the Trainer pads the eval set by repeating samples to shard it evenly
+    assert summary["after_reloaded"]["perplexity"] == pytest.approx(summary["after_in_run"]["perplexity"], rel=0.02)
 
 
 def test_chat_data(tiny_models, tmp_path):
@@ -67,8 +79,9 @@ def test_chat_data(tiny_models, tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
     finetune(["--model", tiny_models["llama_tok"], "--data", data, "--task", "chat", "--max_length", "32",
-              "--recipe", "zero2", "--output_dir", out, *QUICK])
+              "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:recipes/accelerate/zero2.yaml")
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["zero_stage"] == 2 and summary["world_size"] == 2
     assert summary["after_in_run"]["loss"] < summary["before"]["loss"]
 
 

@@ -23,9 +23,9 @@ def test_stage_trains_and_reloads_bitwise(trained, preset, nproc):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["zero2_offload", "zero3_offload"])
-def test_offload_presets_reload_bitwise(trained, preset):
-    out = trained("gpt2", preset, 2)
+@pytest.mark.parametrize("preset, nproc", [("zero2_offload", 2), ("zero3_offload", 1), ("zero3_offload", 2)])
+def test_offload_presets_reload_bitwise(trained, preset, nproc):
+    out = trained("gpt2", preset, nproc)
     assert read_result(out)["engine"] == "DeepSpeedEngine"
     assert_reload_bitwise(out)
 
@@ -37,12 +37,13 @@ def _aio_available() -> bool:
 
 
 @pytest.mark.nvme
-def test_nvme_preset_reloads_bitwise(trained, tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_nvme_preset_reloads_bitwise(trained, tmp_path, nproc):
     if not _aio_available():
         pytest.skip("libaio is missing (apt-get install -y libaio-dev; .ci/run installs it)")
     nvme = tmp_path / "nvme"
     nvme.mkdir()
-    out = trained("llama", "zero3_nvme", 2, "--nvme-path", str(nvme))
+    out = trained("llama", "zero3_nvme", nproc, "--nvme-path", str(nvme))
     assert_reload_bitwise(out)
     swapped = list(nvme.glob("zero_stage_3/*/rank*"))
     assert swapped, "ZeRO-Infinity wrote nothing under nvme_path"

@@ -49,7 +49,12 @@ def parse(argv):
         # The Trainer multiplies the loss by the number of processes for models that take loss kwargs,
         # which is right for token-averaged LM losses and doubles a classifier's loss on 2 ranks.
         defaults += ["--average_tokens_across_devices", "false"]
-    if "deepspeed" not in given:
+    from ..training_args import _accelerate_deepspeed_file
+
+    launched_with_config = _accelerate_deepspeed_file()
+    if launched_with_config and not ft.recipe and "deepspeed" not in given:
+        ft.recipe = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
+    elif "deepspeed" not in given:
         ft.recipe = ft.recipe or _default_recipe(ft.model)
         defaults += ["--deepspeed", ft.recipe]
     check_model_source(ft)
