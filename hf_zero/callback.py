@@ -111,7 +111,7 @@ class ZeroCallback(TrainerCallback):
             return
         if args.world_size != world_size():
             raise ConfigError(_training_alone(args.world_size, world_size(), "the Trainer"))
-        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size()):
+        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))
         self.stage = get_dotted(config, "zero_optimization.stage", 0)

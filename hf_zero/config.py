@@ -40,6 +40,7 @@ class Finding:
     severity: str  # "error" stops a run; "warning" is logged
     message: str
     fix: str
+    key: str | None = None  # the dotted config key it is about, where there is one
 
     def __str__(self):
         return f"{self.message} Fix: {self.fix}"
@@ -132,7 +133,8 @@ def _schema_findings(filled: dict) -> list:
                 bad_blocks.add(block.rstrip("."))
                 if err["type"] == "extra_forbidden":
                     findings.append(Finding("unknown-key", "error", f"DeepSpeed does not know the key {block}{where}.",
-                                            "remove it or correct its spelling (see deepspeed.ai/docs/config-json)."))
+                                            "remove it or correct its spelling (see deepspeed.ai/docs/config-json).",
+                                            key=f"{block}{where}"))
                 else:
                     findings.append(Finding("invalid-value", "error", f"{block}{where}: {err['msg']} (got {err.get('input')!r}).",
                                             "give it a value of the type DeepSpeed expects."))
@@ -148,7 +150,7 @@ def _schema_findings(filled: dict) -> list:
     for key in remaining:
         if key not in seen:
             hint = _IGNORED_KEY_HINTS.get(key, "remove it or correct its spelling (see deepspeed.ai/docs/config-json).")
-            findings.append(Finding("unknown-key", "error", f"DeepSpeed silently ignores the top-level key {key!r}.", hint))
+            findings.append(Finding("unknown-key", "error", f"DeepSpeed silently ignores the top-level key {key!r}.", hint, key=key))
     return findings
 
 
@@ -168,56 +170,29 @@ _IGNORED_KEY_HINTS = {
 }
 
 
-def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, trainer_fills_auto: bool = True) -> list:
-    """Every finding for a DeepSpeed config; an empty list means it is sound."""
-    findings = []
-    autos = list(_auto_paths(config))
-    unfilled = [p for p in autos if p not in _TRAINER_AUTO_KEYS]
-    for path in unfilled:
-        findings.append(Finding("auto-unfilled", "error", f'"{path}": "auto" is not a key the Trainer fills.',
-                                "give it a value."))
-    if autos and not trainer_fills_auto:
-        findings.append(Finding("auto-outside-trainer", "error",
-                                f'"auto" values ({", ".join(autos[:4])}{"..." if len(autos) > 4 else ""}) only work under the HF Trainer/Accelerate.',
-                                "use the config through TrainingArguments(deepspeed=...), or replace \"auto\" with values."))
+def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, trainer_fills_auto: bool = True,
+                    model_config: dict | None = None, trainer_args: dict | None = None, environment: bool = False) -> list:
+    """Every finding for a DeepSpeed config; an empty list means it is sound.
+
+    ``model_config`` (a config.json as a dict) and ``trainer_args`` (TrainingArguments as a dict)
+    let the rules compare the config with the model and the Trainer; ``environment`` adds the
+    checks of this process's environment (variables, compiler).
+    """
+    from .rules import CheckContext, config_findings
+    from .environment import environment_findings
+
+    context = CheckContext(config, on_cpu=on_cpu, world_size=world_size, trainer_fills_auto=trainer_fills_auto,
+                           model_config=model_config or {}, trainer_args=trainer_args or {})
+    findings = config_findings(context)
     filled = fill_auto(config)
     if not any(k in filled for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
-        findings.append(Finding("batch-size-missing", "error", "the config sets no batch size; DeepSpeed refuses to start.",
-                                'add "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto" '
-                                'and "train_batch_size": "auto" so the Trainer\'s batch size is used.'))
-        filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in, so the parser checks the rest
+        filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in (batch-size-missing reports it), so the parser checks the rest
     elif "train_micro_batch_size_per_gpu" in filled:
-        # batch-arithmetic (above) checks it for the real world size; DeepSpeed's parser sees only its own
+        # batch-arithmetic checks it for the real world size; DeepSpeed's parser sees only its own
         filled.pop("train_batch_size", None)
-    findings += _schema_findings(filled)
-
-    batch = [config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
-    if all(isinstance(v, int) for v in batch) and batch[0] != batch[1] * batch[2] * world_size:
-        findings.append(Finding("batch-arithmetic", "error",
-                                f"train_batch_size {batch[0]} != micro batch {batch[1]} x gradient accumulation {batch[2]} "
-                                f"x world size {world_size}.",
-                                'set the three batch keys to "auto" under the Trainer, or make them multiply out.'))
-
-    fp16 = get_dotted(config, "fp16.enabled")
-    bf16 = get_dotted(config, "bf16.enabled")
-    if on_cpu and fp16 is True:
-        findings.append(Finding("fp16-on-cpu", "error", "fp16 is enabled, but DeepSpeed's CPU accelerator does not support fp16.",
-                                'set "fp16": {"enabled": "auto"} (or false) and train in bf16 (--bf16) or fp32.'))
-    if fp16 is True and bf16 is True:
-        findings.append(Finding("fp16-and-bf16", "error", "fp16 and bf16 are both enabled.", "enable one of them."))
-
-    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
-    for block in ("offload_param", "offload_optimizer"):
-        offload = zero.get(block)
-        if isinstance(offload, dict) and offload.get("device") == "nvme" and not offload.get("nvme_path"):
-            findings.append(Finding("nvme-path-missing", "error", f"zero_optimization.{block} offloads to NVMe but has no nvme_path.",
-                                    "pass nvme_path=... (hf_zero.TrainingArguments / load_config) or "
-                                    "`hf-zero recipes zero3_nvme --nvme-path DIR --out ds.json`."))
-    if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save", False):
-        findings.append(Finding("zero3-no-gather", "warning",
-                                "stage 3 with stage3_gather_16bit_weights_on_model_save off: save_model writes only ZeRO shards, "
-                                "which from_pretrained cannot load.",
-                                'set "stage3_gather_16bit_weights_on_model_save": true (ZeroCallback turns it on for you).'))
+    findings = _schema_findings(filled) + findings
+    if environment:
+        findings += environment_findings(context)
     return findings
 
 

@@ -88,3 +88,27 @@ def test_finetune_refuses_a_bad_config_before_training(tmp_path, capsys, config,
     assert main(["finetune", "--model", str(tmp_path), "--data", str(data), "--recipe", str(path),
                  "--output_dir", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_check_against_args_model_and_fix(tmp_path, capsys, tiny_models):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                                  "gradient_checkpointing": True, "fp16": {"enabled": True},
+                                  "zero_optimization": {"stage": 2}}))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 4}))
+    fixed = tmp_path / "fixed.json"
+    assert main(["check", str(config), "--args", str(args), "--model", str(tiny_models["llama"]), "--no-env",
+                 "--fix", str(fixed), "--json"]) == 1
+    found = {f["code"] for f in json.loads(capsys.readouterr().out)}
+    assert {"trainer-mismatch", "unknown-key"} <= found
+    assert main(["check", str(fixed), "--args", str(args), "--no-env", "--cpu"]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "zero2", "--model", "/nonexistent/model"], "neither a folder"),
+    (["check", "zero2", "--args", "/nonexistent.json"], "does not exist"),
+])
+def test_check_bad_side_inputs_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

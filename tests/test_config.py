@@ -104,3 +104,54 @@ def test_overrides_and_dicts_are_copied(good):
 def test_fp16_on_cpu_refused_by_training_args(tmp_path):
     with pytest.raises(hf_zero.ConfigError, match="fp16.*CPU"):
         hf_zero.TrainingArguments(output_dir=str(tmp_path), deepspeed="zero3", fp16=True)
+
+
+# ---- hf_zero's own rules (hf_zero/rules.py) ----------------------------------------------
+
+def test_trainer_mismatch(good):
+    good["train_micro_batch_size_per_gpu"] = 8
+    assert "trainer-mismatch" in codes(good, trainer_args={"per_device_train_batch_size": 4})
+    assert "trainer-mismatch" not in codes(good, trainer_args={"per_device_train_batch_size": 8})
+
+
+def test_fp16_for_a_bf16_model(good):
+    good["fp16"]["enabled"] = True
+    assert codes(good, model_config={"dtype": "bfloat16"}) == ["fp16-for-bf16-model"]
+    assert codes(good, model_config={"dtype": "float32"}) == []
+
+
+def test_fp16_from_trainer_args_on_cpu(good):
+    assert codes(good, on_cpu=True, trainer_args={"fp16": True}) == ["fp16-on-cpu"]
+
+
+def test_stage3_keys_in_stage2_and_the_reverse(good):
+    stage2 = hf_zero.load_config("zero2")
+    assert codes(stage2) == []
+    stage2["zero_optimization"]["stage3_param_persistence_threshold"] = 10
+    assert codes(stage2) == ["stage3-key-in-stage12"]
+    good["zero_optimization"]["allgather_bucket_size"] = 10
+    assert codes(good) == ["stage12-key-in-stage3"]
+
+
+def test_nvme_path_not_writable(tmp_path):
+    config = hf_zero.load_config("zero3_nvme", nvme_path=tmp_path / "missing")
+    assert set(codes(config)) == {"nvme-path-unusable"}
+    assert codes(hf_zero.load_config("zero3_nvme", nvme_path=tmp_path)) == []
+
+
+def test_auto_outside_the_trainer(good):
+    assert codes(good, trainer_fills_auto=False) == ["auto-outside-trainer"]
+
+
+def test_fix_config_repairs_what_it_can(good):
+    from hf_zero.rules import fix_config
+
+    bad = dict(good, gradient_checkpointing=True, train_batch_size=7, train_micro_batch_size_per_gpu=2,
+               gradient_accumulation_steps=1)
+    bad["zero_optimization"] = dict(good["zero_optimization"], allgather_bucket_size=5, bogus=1,
+                                    stage3_gather_16bit_weights_on_model_save=False)
+    findings = validate_config(bad, world_size=2)
+    assert {"unknown-key", "batch-arithmetic", "stage12-key-in-stage3", "zero3-no-gather"} <= {f.code for f in findings}
+    fixed = fix_config(bad, findings)
+    assert validate_config(fixed, world_size=2) == []
+    assert "gradient_checkpointing" not in fixed and "bogus" not in fixed["zero_optimization"]

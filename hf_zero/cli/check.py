@@ -1,32 +1,68 @@
-"""``hf-zero check CONFIG``: lint a DeepSpeed config with DeepSpeed's own parser."""
+"""``hf-zero check CONFIG``: lint a DeepSpeed config with DeepSpeed's own parser and hf_zero's rules."""
 
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from ..config import validate_config
 from ..distributed import has_gpu
+from ..errors import ConfigError
 from ..presets import load_config
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("check", help="check a DeepSpeed config (preset name or JSON file)",
-                              description="Report every problem in a DeepSpeed config at once. Exit 1 on errors.")
+                              description="Report every problem in a DeepSpeed config at once. Exit 1 on errors, 0 otherwise.")
     p.add_argument("config", help="preset name or path to a DeepSpeed JSON file")
-    p.add_argument("--world-size", type=int, default=1, help="number of processes the run will have")
+    p.add_argument("--world-size", type=int, default=1, help="processes the run will have (nodes x processes per node)")
+    p.add_argument("--args", metavar="JSON", help="TrainingArguments as JSON (e.g. from args.to_json_string())")
+    p.add_argument("--model", help="model folder, config.json, or Hub id: compare its dtype with the config")
     p.add_argument("--cpu", action="store_true", default=None, help="check for a CPU-only machine (default: this machine)")
+    p.add_argument("--raw", action="store_true", help="the config goes to DeepSpeed directly, not through the Trainer")
+    p.add_argument("--no-env", action="store_true", help="skip the checks of this shell's environment")
     p.add_argument("--nvme-path", help="NVMe folder for offload to nvme")
+    p.add_argument("--fix", metavar="OUT", help="write a corrected copy of the config to OUT")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(run=run)
     return p
 
 
+def _read_json_object(path, what) -> dict:
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {path!r} must hold a JSON object")
+    return value
+
+
+def _model_config(model) -> dict:
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _read_json_object(path, "model config")
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model).to_dict()
+    except (OSError, ValueError):
+        raise ConfigError(f"--model {model!r} is neither a folder with config.json, a config.json, nor a reachable Hub id") from None
+
+
 def run(args) -> int:
     config = load_config(args.config, nvme_path=args.nvme_path)
+    trainer_args = _read_json_object(args.args, "--args") if args.args else None
+    model_config = _model_config(args.model) if args.model else None
     on_cpu = args.cpu if args.cpu is not None else not has_gpu()
     # DeepSpeed logs to stdout; keep stdout for the report (and --json) alone.
     with contextlib.redirect_stdout(sys.stderr):
-        findings = validate_config(config, on_cpu=on_cpu, world_size=args.world_size)
+        findings = validate_config(config, on_cpu=on_cpu, world_size=args.world_size, trainer_fills_auto=not args.raw,
+                                   model_config=model_config, trainer_args=trainer_args, environment=not args.no_env)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     elif not findings:
@@ -34,4 +70,9 @@ def run(args) -> int:
     else:
         for f in findings:
             print(f"{args.config}: {f.severity} [{f.code}] {f.message}\n    fix: {f.fix}")
+    if args.fix:
+        from ..rules import fix_config
+
+        Path(args.fix).write_text(json.dumps(fix_config(config, findings), indent=2) + "\n")
+        print(f"corrected copy written to {args.fix}", file=sys.stderr)
     return 1 if any(f.severity == "error" for f in findings) else 0
