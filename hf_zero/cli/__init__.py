@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from . import check, finetune, recipes
+from . import check, finetune, plan, recipes
 
-_SUBCOMMANDS = (recipes, check, finetune)
+_SUBCOMMANDS = (recipes, check, plan, finetune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,137 @@
+"""``hf-zero plan MODEL --gpus N``: per-GPU memory of DDP and each preset, and the one to use."""
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..planner import GIB, SETUPS, ModelShape, RunShape, make_plan
+
+_COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers")
+_SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ"}
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("plan", help="which ZeRO setup fits a model on your GPUs (no weights are loaded)",
+                              description="Estimate per-GPU memory for DDP and every hf_zero preset, and pick the fastest that fits.")
+    p.add_argument("model", help="Hub id, model folder, or config.json")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpu-mem", type=float, help="GiB per GPU (default: this machine's GPU)")
+    p.add_argument("--cpu-mem", type=float, help="GiB of host memory per node (checks offload)")
+    p.add_argument("--seq", type=int, default=1024, help="sequence length")
+    p.add_argument("--micro-batch", type=int, default=1, help="per-GPU micro batch")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
+    p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
+    p.set_defaults(run=run)
+    return p
+
+
+def load_model_config(model: str):
+    from transformers import AutoConfig
+
+    path = Path(model)
+    try:
+        if path.is_file():
+            data = json.loads(path.read_text())
+            if "model_type" not in data:
+                raise ConfigError(f"{model!r} has no model_type; pass a transformers config.json")
+            return AutoConfig.for_model(**data)
+        return AutoConfig.from_pretrained(model)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read a model config from {model!r} (a Hub id, a folder with config.json, or a "
+                          f"config.json): {str(e).splitlines()[0]}") from None
+
+
+def _gpu_mem(args) -> float:
+    if args.gpu_mem:
+        return args.gpu_mem
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("no GPU here to read its memory from; pass --gpu-mem GiB (e.g. 80 for an A100/H100 80GB)")
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def render(plan) -> str:
+    m, r = plan.model, plan.run
+    lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
+             f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
+             f"{', gradient checkpointing' if r.gradient_checkpointing else ''}", ""]
+    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}"
+    lines.append(head)
+    for est in plan.estimates:
+        cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in _COMPONENTS)
+        mark = "  <- recommended" if est.setup == plan.choice else ""
+        lines.append(f"{est.setup:<14}{cells}{est.gpu_total / GIB:>10.1f}{est.host_per_node / GIB:>10.1f}"
+                     f"{est.nvme_per_node / GIB:>10.1f}{mark}")
+    lines.append("")
+    if plan.choice:
+        lines.append(f"Recommended: {plan.choice} ({plan.reasons[plan.choice]})")
+    else:
+        lines.append("Nothing fits: add GPUs or nodes, lower --micro-batch or --seq, or use --gradient-checkpointing.")
+    for setup in SETUPS:
+        if setup != plan.choice and "over" in plan.reasons[setup]:
+            lines.append(f"  not {setup}: {plan.reasons[setup]}")
+    return "\n".join(lines)
+
+
+def plot(plan, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [e.setup for e in plan.estimates]
+    bottom = [0.0] * len(names)
+    for component in _COMPONENTS:
+        values = [e.gpu.get(component, 0) / GIB for e in plan.estimates]
+        ax.bar(names, values, bottom=bottom, label=component)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(plan.gpu_capacity / GIB, color="black", linestyle="--", label="GPU memory")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(f"{plan.model.name}: {plan.model.params / 1e9:.2f}B params, {plan.run.ranks} GPU(s)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_config(plan, path) -> None:
+    from ..presets import load_config, set_dotted
+
+    if plan.choice in (None, "ddp"):
+        raise ConfigError(f"the plan recommends {plan.choice or 'nothing'}: there is no DeepSpeed config to write")
+    config = load_config(plan.choice)
+    # a bucket bigger than the model only costs memory
+    bucket = min(500_000_000, plan.model.params)
+    for key in ("zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+                "zero_optimization.stage3_prefetch_bucket_size"):
+        parent, leaf = key.rsplit(".", 1)
+        if leaf in config["zero_optimization"]:
+            set_dotted(config, key, bucket)
+    Path(path).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def run(args) -> int:
+    with contextlib.redirect_stdout(sys.stderr):  # transformers/DeepSpeed chatter stays off the report
+        config = load_model_config(args.model)
+        model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
+    run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
+                         gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype)
+    plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem)
+    if args.json:
+        print(json.dumps({"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice,
+                          "reasons": plan.reasons, "estimates": [e.as_dict() for e in plan.estimates]}, indent=2))
+    else:
+        print(render(plan))
+    if args.plot:
+        plot(plan, args.plot)
+    if args.write:
+        write_config(plan, args.write)
+    return 0 if plan.choice else 1

@@ -1,0 +1,97 @@
+"""hf-zero plan: the memory model against measured peaks, the recommendation, and the CLI."""
+
+import json
+import time
+
+import pytest
+from transformers import LlamaConfig
+
+from hf_zero.cli import main
+from hf_zero.config import validate_config
+from hf_zero.planner import GIB, ModelShape, RunShape, estimate, make_plan
+
+LLAMA_1B = LlamaConfig(hidden_size=2048, num_hidden_layers=24, intermediate_size=5504, vocab_size=32000,
+                       num_attention_heads=16)
+LLAMA_8B = LlamaConfig(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=32000,
+                       num_attention_heads=32, num_key_value_heads=8)
+
+# Peak allocated GiB per GPU measured on 2x H200 (../shared/FIELD_NOTES.md): HF Trainer, bf16, seq 1024,
+# hf_zero's bucket sizes (5e8, persistence 1e6).
+MEASURED = [
+    ("ddp", LLAMA_1B, 4, False, 34.8),
+    ("zero1", LLAMA_1B, 4, False, 20.2),
+    ("zero2", LLAMA_1B, 4, False, 20.7),
+    ("zero3", LLAMA_1B, 4, False, 23.1),
+    ("zero3_offload", LLAMA_1B, 4, False, 13.1),
+    ("zero2", LLAMA_1B, 8, True, 15.1),
+    ("zero3", LLAMA_1B, 8, True, 16.7),
+    ("zero3", LLAMA_8B, 2, True, 66.6),
+]
+
+
+@pytest.mark.parametrize("setup, config, micro_batch, checkpointing, measured", MEASURED)
+def test_within_15_percent_of_measured_gpu_peaks(setup, config, micro_batch, checkpointing, measured):
+    model = ModelShape.from_config(config)
+    run = RunShape(gpus_per_node=2, micro_batch=micro_batch, gradient_checkpointing=checkpointing)
+    predicted = estimate(setup, model, run).gpu_total / GIB
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
+def test_zero3_model_states_fall_as_one_over_n():
+    model = ModelShape.from_config(LLAMA_8B)
+    states = [sum(v for k, v in estimate("zero3", model, RunShape(gpus_per_node=n)).gpu.items()
+                  if k in ("parameters", "gradients", "optimizer")) for n in (2, 4, 8)]
+    assert states[0] == pytest.approx(2 * states[1], rel=1e-6) == pytest.approx(4 * states[2], rel=1e-6)
+    assert states[0] == pytest.approx(18 * model.params / 2, rel=1e-6)
+
+
+def test_recommends_least_sharding_that_fits():
+    model = ModelShape.from_config(LLAMA_1B)
+    run = RunShape(gpus_per_node=2, micro_batch=4)
+    assert make_plan(model, run, gpu_mem_gib=80).choice == "ddp"
+    plan = make_plan(model, run, gpu_mem_gib=24)
+    assert plan.choice == "zero1" and "over 90% of 24 GiB" in plan.reasons["ddp"]
+    assert make_plan(model, run, gpu_mem_gib=16).choice == "zero2_offload"
+    assert make_plan(model, run, gpu_mem_gib=16, cpu_mem_gib=8).choice is None
+
+
+def test_70b_plans_in_seconds(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+                                  "intermediate_size": 28672, "vocab_size": 128256, "num_attention_heads": 64,
+                                  "num_key_value_heads": 8}))
+    started = time.time()
+    assert main(["plan", str(config), "--gpus", "8", "--nodes", "2", "--gpu-mem", "80", "--json"]) == 0
+    assert time.time() - started < 30
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["model"]["params"] > 70e9 and plan["choice"] == "zero3_offload"
+
+
+def test_plot_and_write(tmp_path, capsys):
+    png, ds, config = tmp_path / "plan.png", tmp_path / "ds.json", tmp_path / "config.json"
+    LLAMA_1B.to_json_file(config)
+    assert main(["plan", str(config), "--gpus", "2", "--gpu-mem", "24", "--micro-batch", "4",
+                 "--plot", str(png), "--write", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert "Recommended:" in out and png.stat().st_size > 10_000
+    written = json.loads(ds.read_text())
+    assert "Recommended: zero1" in out and written["zero_optimization"]["stage"] == 1
+    assert validate_config(written) == []
+
+
+def test_write_refuses_when_ddp_is_the_answer(tiny_models, tmp_path, capsys):
+    assert main(["plan", str(tiny_models["llama"]), "--gpus", "2", "--gpu-mem", "80", "--write",
+                 str(tmp_path / "ds.json")]) == 2
+    assert "no DeepSpeed config to write" in capsys.readouterr().err
+    assert not (tmp_path / "ds.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "/nonexistent/model", "--gpus", "2", "--gpu-mem", "80"], "cannot read a model config"),
+    (["plan", "{config}", "--gpus", "2", "--gpu-mem", "80"], "no model_type"),
+])
+def test_bad_model_exit_2(tmp_path, capsys, argv, message):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"hidden_size": 8}))
+    assert main([a.replace("{config}", str(config)) for a in argv]) == 2
+    assert message in capsys.readouterr().err
