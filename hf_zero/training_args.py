@@ -11,7 +11,7 @@ from .errors import ConfigError
 from .presets import load_config
 
 
-def _accelerate_deepspeed_file():
+def accelerate_deepspeed_file():
     """The DeepSpeed JSON an ``accelerate launch --config_file recipes/accelerate/...`` run uses."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"):
         return os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None
@@ -37,7 +37,7 @@ class TrainingArguments(transformers.TrainingArguments):
     )
 
     def __post_init__(self):
-        source = self.deepspeed if self.deepspeed is not None else _accelerate_deepspeed_file()
+        source = self.deepspeed if self.deepspeed is not None else accelerate_deepspeed_file()
         if source is not None:
             on_cpu = not has_gpu()
             config = load_config(source, nvme_path=self.nvme_path)

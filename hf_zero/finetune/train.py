@@ -17,6 +17,7 @@ from transformers import HfArgumentParser, Trainer
 
 from .. import ConfigError, TrainingArguments, attach, shutdown
 from ..distributed import has_gpu, is_main_process
+from ..training_args import accelerate_deepspeed_file
 from .args import FinetuneArguments
 from .task import build_task, check_model_source, load_model, load_tokenizer, summarise_metrics
 
@@ -49,9 +50,7 @@ def parse(argv):
         # The Trainer multiplies the loss by the number of processes for models that take loss kwargs,
         # which is right for token-averaged LM losses and doubles a classifier's loss on 2 ranks.
         defaults += ["--average_tokens_across_devices", "false"]
-    from ..training_args import _accelerate_deepspeed_file
-
-    launched_with_config = _accelerate_deepspeed_file()
+    launched_with_config = accelerate_deepspeed_file()
     if launched_with_config and not ft.recipe and "deepspeed" not in given:
         ft.recipe = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
     elif "deepspeed" not in given:
