@@ -16,7 +16,9 @@ ZeRO-1 and ZeRO-2 come out the same: DeepSpeed's ZeRO-1 reduces gradients in the
 ZeRO-2 (both measured 20.2 GiB on the 1.35B model). Activations follow the model's shapes
 (hidden h, intermediate i, layers, vocab) per token; with gradient checkpointing only each layer's
 input is kept, plus one layer being recomputed. The constants marked "calibrated" were fitted to
-peaks measured on 2x H200 (FIELD_NOTES); tests/test_planner.py holds every one to +-15%.
+peaks measured on 2x H200 (FIELD_NOTES); tests/test_planner.py holds every one to +-15%. The
+model-state bytes per stage are also checked on CPU, where they are countable: tests/
+test_zero_training.py counts every live tensor just before DeepSpeed's optimizer step.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -122,8 +124,10 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     elif setup == "zero2_offload":
         gpu = {"parameters": half * psi, "gradients": half * psi // n, "activations": activations, "buffers": buckets}
         host = 16 * psi // n * run.gpus_per_node
-    else:  # ZeRO-3: parameters sharded; the largest layer and a prefetch bucket are gathered at a time
-        gathered = 2 * model.largest_layer * half + min(run.bucket, psi) * half
+    else:  # ZeRO-3: parameters sharded; the largest layer is gathered at a time
+        # DeepSpeed allocates the whole reduce bucket as one flat gradient buffer at init (2 GB for a
+        # 100k-parameter model in fp32 with 5e8 buckets, counted on CPU), whatever the model's size
+        gathered = 2 * model.largest_layer * half + run.bucket * half
         if setup == "zero3":
             gpu = {"parameters": half * psi // n, "gradients": 4 * psi // n, "optimizer": 12 * psi // n,
                    "step": 4 * min(SUB_GROUP, psi // n), "activations": activations, "buffers": gathered}

@@ -112,3 +112,11 @@ def test_check_against_args_model_and_fix(tmp_path, capsys, tiny_models):
 def test_check_bad_side_inputs_exit_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [("[1, 2]", "not an object"), ("", "invalid JSON"), ("{\"a\": NaN", "invalid JSON")])
+def test_check_not_a_config_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "ds.json"
+    path.write_text(content)
+    assert main(["check", str(path)]) == 2
+    assert message in capsys.readouterr().err

@@ -100,3 +100,19 @@ def test_launchers(tiny_models, tmp_path, launcher):
     result = read_result(tmp_path)
     assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2
     assert_reload_bitwise(tmp_path)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("preset", ["zero1", "zero2", "zero3"])
+def test_planner_model_states_match_what_deepspeed_allocates(trained, tiny_models, preset, nproc):
+    """On CPU the bytes are countable: every live tensor just before DeepSpeed's optimizer step
+    (gradients, master weights, Adam states and ZeRO's buffers; the activations are gone)."""
+    from transformers import AutoConfig
+
+    from hf_zero.planner import ModelShape, RunShape, estimate
+
+    measured = read_result(trained("llama", preset, nproc))["peak_state_bytes"]
+    model = ModelShape.from_config(AutoConfig.from_pretrained(tiny_models["llama"]))
+    planned = estimate(preset, model, RunShape(gpus_per_node=nproc, dtype="fp32")).gpu
+    planned_states = sum(v for k, v in planned.items() if k != "activations")
+    assert planned_states == pytest.approx(measured, rel=0.15)

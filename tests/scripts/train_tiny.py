@@ -55,12 +55,41 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+class PeakStateBytes(transformers.TrainerCallback):
+    """Live tensor bytes just before each optimizer step: gradients, master weights and Adam states all
+    exist then, and the activations are gone, so this is the model-state peak the planner predicts."""
+
+    def __init__(self, trainer):
+        self.trainer, self.peak = trainer, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        inner = getattr(self.trainer.model_wrapped, "optimizer", None)
+        inner = getattr(inner, "optimizer", inner)  # the torch optimizer inside DeepSpeed's ZeRO optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.register_step_pre_hook(lambda *_: setattr(self, "peak", max(self.peak, live_tensor_bytes())))
+
+
 class LoggedKeys(transformers.TrainerCallback):
     def __init__(self):
         self.keys = set()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.keys.update(logs or {})
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every distinct tensor storage alive in this process (what DeepSpeed keeps between steps)."""
+    import gc
+
+    storages = {}
+    for obj in gc.get_objects():
+        try:
+            if torch.is_tensor(obj) and obj.device.type == "cpu":
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        except Exception:  # tensors without storage (meta, sparse wrappers)
+            continue
+    return sum(storages.values())
 
 
 def main():
@@ -100,8 +129,11 @@ def main():
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list)
     callback = None if opts.no_attach or in_list else hf_zero.attach(trainer)
     logged = LoggedKeys()
-    trainer.add_callback(logged)  # last in line, like TensorBoard/W&B: sees what they would see
+    trainer.add_callback(logged)
+    peak_states = PeakStateBytes(trainer)
+    trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
     trainer.train()
+    state_bytes = live_tensor_bytes()
 
     expected = hf_zero.gathered_state_dict(trainer.model)
     final = Path(opts.out) / "final"
@@ -117,6 +149,9 @@ def main():
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "partitioned_at_load": partitioned_at_load,
+            "live_tensor_bytes": state_bytes,
+            "peak_state_bytes": peak_states.peak,
+            "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
             "use_cache_during_training": getattr(trainer.model.config, "use_cache", None) if callback is None else None,
             "warnings": callback.warnings if callback else [],
             "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
