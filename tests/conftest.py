@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_zero.distributed import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKER = REPO / "tests" / "scripts" / "train_tiny.py"
@@ -26,10 +28,9 @@ def worker_env(**extra) -> dict:
     return env
 
 
-def free_port() -> int:
-    from hf_zero.distributed import free_port as _free_port
-
-    return _free_port()
+def launcher_script(name: str) -> str:
+    """A launcher script (deepspeed, accelerate): beside this Python, or on PATH (a GPU image's --target install)."""
+    return shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 def launch_command(launcher: str, nproc: int, script_args: list) -> list:
@@ -41,10 +42,10 @@ def launch_command(launcher: str, nproc: int, script_args: list) -> list:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                 "--master_port", port, str(WORKER), *script_args]
     if launcher == "deepspeed":
-        return [shutil.which("deepspeed", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
+        return [launcher_script("deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
     if launcher.startswith("accelerate:"):
         yaml = launcher.split(":", 1)[1]
-        return [shutil.which("accelerate", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
+        return [launcher_script("accelerate"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
                 "--main_process_port", port, str(WORKER), *script_args]
     raise ValueError(launcher)
 

@@ -1,15 +1,13 @@
 """hf-zero finetune end to end (real Trainer, real DeepSpeed), and its bad-input messages."""
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from importlib.util import find_spec
 
 import pytest
 
-from conftest import BIN, REPO, SENTENCES, free_port, worker_env
+from conftest import REPO, SENTENCES, free_port, launcher_script, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -18,10 +16,10 @@ def finetune(args, nproc=1, expect_rc=0, timeout=900, launcher=None):
     """Run hf-zero finetune as users do: python (1 process), torchrun, deepspeed or accelerate launch."""
     port = str(free_port())
     if launcher == "deepspeed":  # the deepspeed launcher runs scripts, not modules
-        cmd = [shutil.which("deepspeed", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "--num_gpus",
+        cmd = [launcher_script("deepspeed"), "--num_gpus",
                str(nproc), "--master_port", port, str(REPO / "hf_zero" / "finetune" / "__main__.py"), *map(str, args)]
     elif launcher and launcher.startswith("accelerate:"):
-        cmd = [shutil.which("accelerate", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"), "launch",
+        cmd = [launcher_script("accelerate"), "launch",
                "--config_file", launcher.split(":", 1)[1], "--num_processes", str(nproc), "--main_process_port", port,
                "-m", "hf_zero.finetune", *map(str, args)]
     elif nproc == 1:
