@@ -5,7 +5,7 @@ from collections.abc import KeysView
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .presets import get_dotted, set_dotted
+from .presets import set_dotted
 
 # Keys the HF Trainer / Accelerate fill when they are "auto", with a stand-in value used only
 # to run DeepSpeed's own parser over the rest of the config.

@@ -1,6 +1,5 @@
 """Config findings: each rule fires on a bad config and stays quiet on a good one."""
 
-import json
 
 import pytest
 

@@ -133,7 +133,6 @@ def main():
     peak_states = PeakStateBytes(trainer)
     trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
     trainer.train()
-    state_bytes = live_tensor_bytes()
 
     expected = hf_zero.gathered_state_dict(trainer.model)
     final = Path(opts.out) / "final"
@@ -149,10 +148,8 @@ def main():
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "partitioned_at_load": partitioned_at_load,
-            "live_tensor_bytes": state_bytes,
             "peak_state_bytes": peak_states.peak,
             "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
-            "use_cache_during_training": getattr(trainer.model.config, "use_cache", None) if callback is None else None,
             "warnings": callback.warnings if callback else [],
             "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
                               or getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
