@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from . import check, finetune, plan, recipes
+from . import bench, check, finetune, plan, recipes
 
-_SUBCOMMANDS = (recipes, check, plan, finetune)
+_SUBCOMMANDS = (recipes, check, plan, finetune, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,197 @@
+"""results.json -> results.md (the table for the README, with the issue's targets) and bench.png.
+
+Everything here reads the JSON only, so ``hf-zero bench --report OUT/results.json`` re-renders a
+committed result without a GPU.
+"""
+
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+from .model import params_text
+
+SAVE_SECONDS = 5.0  # target: ZeRO-3 16-bit save of the 1.35B model
+ZERO2_SPEED, ZERO2_MEMORY = 0.95, 0.65  # zero2 >= 95% of DDP tokens/s at <= 65% of its peak
+ZERO3_MEMORY = 1.10  # zero3 >= FSDP tokens/s at <= FSDP peak + 10%
+
+
+def load(path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--report {str(path)!r}: no such file; pass the results.json a sweep wrote") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--report {str(path)!r}: not readable JSON ({e})") from None
+    if not isinstance(data, dict) or "results" not in data or "model" not in data:
+        raise ConfigError(f"--report {str(path)!r}: not an hf-zero bench results.json (no 'results'/'model')")
+    return data
+
+
+def _ok(rows: dict, name: str):
+    row = rows.get(name)
+    return row if row and row.get("status") == "ok" else None
+
+
+def reference(rows: dict, row: dict, base: str):
+    """The DDP / FSDP row to compare with: same gradient-checkpointing setting (so the same micro batch)."""
+    return _ok(rows, base + ("+gc" if row.get("gradient_checkpointing") else ""))
+
+
+def _gpu_memory(row) -> float | None:
+    mem = row.get("memory") or {}
+    return mem.get("peak_gib") if mem.get("kind") == "cuda" else None
+
+
+def evaluate_targets(data: dict) -> list:
+    """The issue's targets as (target, "PASS" / "FAIL" / "n/a", detail), from the measured rows."""
+    rows = {r["name"]: r for r in data["results"]}
+    found = []
+    for suffix in ("", "+gc"):
+        for name, base, speed, memory in (("zero2", "ddp", ZERO2_SPEED, ZERO2_MEMORY), ("zero3", "fsdp", 1.0, ZERO3_MEMORY)):
+            target = (f"{name}{suffix} >= {speed:.0%} of {base}{suffix} tokens/s at <= "
+                      f"{memory:.0%} of its peak memory")
+            ours, theirs = _ok(rows, name + suffix), _ok(rows, base + suffix)
+            if not ours or not theirs:
+                found.append((target, "n/a", "not measured (both setups must have run)"))
+                continue
+            ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
+            a, b = _gpu_memory(ours), _gpu_memory(theirs)
+            if a is None or b is None:
+                found.append((target, "n/a", f"speed {ratio:.0%}; GPU memory not measured (CPU run)"))
+                continue
+            passed = ratio >= speed and a / b <= memory
+            found.append((target, "PASS" if passed else "FAIL", f"speed {ratio:.0%}, memory {a / b:.0%}"))
+    for name in ("zero3", "zero3+gc"):
+        target = f"{name}: 16-bit save <= {SAVE_SECONDS:g} s, reloaded weights bitwise equal"
+        save = (_ok(rows, name) or {}).get("save")
+        if not save:
+            found.append((target, "n/a", "not measured"))
+            continue
+        passed = save["seconds"] <= SAVE_SECONDS and save["reload_equal"]
+        detail = f"{save['seconds']:.2f} s, {save['bytes'] / 1e9:.2f} GB, " + (
+            "bitwise equal" if save["reload_equal"] else "DIFFERS: " + "; ".join(save["problems"][:3]))
+        found.append((target, "PASS" if passed else "FAIL", detail))
+    planned = [r for r in data["results"] if r.get("status") == "ok" and "within_tolerance" in (r.get("planner") or {})]
+    if planned:
+        misses = [f"{r['name']} {r['planner']['error']:+.0%}" for r in planned if not r["planner"]["within_tolerance"]]
+        found.append(("planner predicts each measured peak within +-15%", "FAIL" if misses else "PASS",
+                      f"{len(planned) - len(misses)}/{len(planned)} within" + (f"; off: {', '.join(misses)}" if misses else "")))
+    else:
+        found.append(("planner predicts each measured peak within +-15%", "n/a", "no GPU memory measured"))
+    return found
+
+
+def _pct(value) -> str:
+    return f"{value:.0%}" if value is not None else ""
+
+
+def _num(value, fmt) -> str:
+    return format(value, fmt) if value is not None else ""
+
+
+def table(data: dict) -> str:
+    rows = {r["name"]: r for r in data["results"]}
+    gpu = any((r.get("memory") or {}).get("kind") == "cuda" for r in rows.values())
+    mem = "peak alloc GiB/GPU" if gpu else "peak RSS GiB/rank"
+    lines = [f"| setup | mbs | gc | tokens/s | % DDP | % FSDP | TFLOP/s/GPU | {mem} | % DDP mem | % FSDP mem "
+             "| reserved GiB | planner GiB (err) | save s | reload | status |",
+             "|" + "---|" * 15]
+    for row in data["results"]:
+        cells = [row["name"], str(row["micro_batch"]), "yes" if row["gradient_checkpointing"] else ""]
+        if row.get("status") == "ok":
+            ddp, fsdp = reference(rows, row, "ddp"), reference(rows, row, "fsdp")
+            peak = row["memory"]["peak_gib"]
+            plan = row.get("planner") or {}
+            planned = ""
+            if plan.get("predicted_gib") is not None:
+                planned = f"{plan['predicted_gib']:.1f}" + (f" ({plan['error']:+.0%})" if "error" in plan else "")
+            save = row.get("save")
+            cells += [f"{row['tokens_per_s']:,.0f}",
+                      _pct(row["tokens_per_s"] / ddp["tokens_per_s"]) if ddp else "",
+                      _pct(row["tokens_per_s"] / fsdp["tokens_per_s"]) if fsdp else "",
+                      _num(row.get("tflops_per_gpu"), ".1f" if gpu else ".4f"), f"{peak:.2f}",
+                      _pct(peak / ddp["memory"]["peak_gib"]) if ddp else "",
+                      _pct(peak / fsdp["memory"]["peak_gib"]) if fsdp else "",
+                      _num(row["memory"].get("peak_reserved_gib"), ".2f"), planned,
+                      f"{save['seconds']:.2f}" if save else "",
+                      ("equal" if save["reload_equal"] else "DIFFERS") if save else "", "ok"]
+        else:
+            cells += [""] * 11 + [f"{row.get('status')}: {row.get('error', '')}".replace("|", "/")[:160]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(data: dict) -> str:
+    model, fp = data["model"], data.get("fingerprint", {})
+    device = data.get("device") or {}
+    run = data["runs"][-1] if data.get("runs") else {}
+    v = data.get("versions") or {}
+    lines = [f"# hf-zero bench: {model['name']} ({params_text(model['params'])} parameters)", "",
+             f"{fp.get('nproc')} x {device.get('name', '?')}, sequence {fp.get('seq')}, bf16, HF Trainer; "
+             f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps. "
+             "% DDP / % FSDP compare with the DDP / FSDP row of the same gradient-checkpointing setting. "
+             "TFLOP/s are model FLOPs (6N + 12 L h seq per token, no recompute). Peak memory is the maximum over "
+             "ranks, reset after the model and engine were built.", ""]
+    if device.get("type") != "cuda":
+        lines += ["**CPU run**: a tiny model that tests the harness; its speeds and memory say nothing about GPUs, "
+                  "and the targets below are defined for 2x H200.", ""]
+    lines += [table(data), "", "## Targets (from the issue, for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
+    lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
+    lines += ["", "## How this was made", "",
+              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".", ""]
+    lines += [f"- `{r['command']}` ({r['date']}, {len(r['setups'])} setup(s))" for r in data.get("runs", [])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    colors = {"ddp": "tab:gray", "fsdp": "tab:green", "ds_auto": "tab:red", "preset": "tab:blue", "variant": "tab:purple"}
+    gpu, groups, xs, ys = False, set(), [0.0], [0.0]
+    for row in data["results"]:
+        if row.get("status") != "ok":
+            continue
+        gpu = gpu or row["memory"]["kind"] == "cuda"
+        base = row.get("base", "")
+        group = (row["kind"] if row["kind"] in ("ddp", "fsdp") else "ds_auto" if base.startswith("ds_auto")
+                 else "preset")
+        if row["name"] not in (base, base + "+gc"):
+            group = "variant"
+        x, y = row["memory"]["peak_gib"], row["tokens_per_s"]
+        groups.add(group)
+        xs.append(x)
+        ys.append(y)
+        ax.scatter(x, y, color=colors[group], marker="^" if row["gradient_checkpointing"] else "o", s=50)
+        ax.annotate(row["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    for group, color in colors.items():
+        if group in groups:
+            ax.scatter([], [], color=color, label=group)
+    ax.scatter([], [], color="black", marker="^", label="gradient checkpointing")
+    ax.set_xlabel("peak allocated GiB per GPU" if gpu else "peak RSS GiB per rank (CPU)")
+    ax.set_ylabel("tokens/s (all ranks)")
+    fp, device = data.get("fingerprint", {}), data.get("device") or {}
+    ax.set_title(f"{data['model']['name']}: {fp.get('nproc')} x {device.get('name', '?')}, seq {fp.get('seq')}")
+    ax.set_xlim(0, max(xs) * 1.2 or 1)  # room for the labels right of the points
+    ax.set_ylim(0, max(ys) * 1.1 or 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_reports(data: dict, out) -> list:
+    """Write results.md and bench.png next to the JSON; returns the files written."""
+    out = Path(out)
+    (out / "results.md").write_text(render_markdown(data))
+    try:
+        import matplotlib  # noqa: F401  (an optional extra: a GPU image may lack it)
+    except ImportError:
+        return [out / "results.md"]  # the JSON keeps everything: --report re-renders the chart elsewhere
+    plot(data, out / "bench.png")
+    return [out / "results.md", out / "bench.png"]

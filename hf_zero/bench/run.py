@@ -1,0 +1,322 @@
+"""Run a benchmark sweep: each setup in its own ``torchrun`` launch, results merged into ``OUT/results.json``.
+
+One setup that crashes, runs out of memory or hangs is recorded as failed (with its error line and the
+tail of its log, kept in OUT/logs/) and the sweep goes on. results.json is rewritten after every setup,
+so a sweep cut short by a time limit keeps what finished; ``--resume`` skips setups already measured.
+"""
+
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from ..distributed import free_port
+from ..errors import ConfigError
+from ..planner import GIB, ModelShape, RunShape, estimate
+from .model import build_config, flops_per_token, params_text, resolve_model
+from .setups import reduce_bucket, select
+
+SCHEMA = 1
+PLANNER_TOLERANCE = 0.15  # the issue's target: each measured peak within +-15% of the plan
+_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "hf_zero", "safetensors")
+
+
+@dataclass
+class Options:
+    out: str = "bench_out"
+    setups: list | None = None  # None: the defaults for nproc (or only the variants)
+    variants: list = field(default_factory=list)
+    nproc: int | None = None
+    model: str | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    seq: int | None = None
+    resume: bool = False
+    fresh: bool = False
+    max_minutes: float | None = None
+    setup_timeout: float = 900.0
+    keep_saved: bool = False
+
+
+def _gpu_count() -> int:
+    import torch  # no CUDA context is created: the parent must not hold GPU memory the workers measure
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_defaults(opts: Options, gpus: int) -> Options:
+    """GPU: the issue's 1.35B model at sequence 1024 on every GPU; CPU: a tiny model, so CI tests the harness."""
+    on_gpu = gpus > 0
+    opts.nproc = opts.nproc or (gpus if on_gpu else 2)
+    opts.model = opts.model or ("1.35b" if on_gpu else "tiny")
+    opts.seq = opts.seq or (1024 if on_gpu else 64)
+    opts.steps = opts.steps or (20 if on_gpu else 6)
+    opts.warmup = opts.warmup if opts.warmup is not None else (5 if on_gpu else 2)
+    problems = []
+    if opts.nproc < 1:
+        problems.append(f"--nproc must be at least 1, got {opts.nproc}")
+    if on_gpu and opts.nproc > gpus:
+        problems.append(f"--nproc {opts.nproc} but this machine has {gpus} GPU(s)")
+    if opts.warmup < 0 or opts.steps - opts.warmup < 1:
+        problems.append(f"--steps {opts.steps} with --warmup {opts.warmup} leaves no timed step; "
+                        "use more steps than warm-up steps (at least 3 more for a stable median)")
+    if opts.seq < 1:
+        problems.append(f"--seq must be positive, got {opts.seq}")
+    if problems:
+        raise ConfigError(problems)
+    return opts
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def command_line(opts: Options) -> str:
+    """The command that repeats this sweep, with every default spelled out."""
+    parts = ["hf-zero", "bench", "--out", opts.out, "--nproc", str(opts.nproc), "--model", opts.model,
+             "--seq", str(opts.seq), "--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+    if opts.setups is not None:
+        parts += ["--setups", ",".join(opts.setups)]
+    for spec in opts.variants:
+        parts += ["--variant", spec]
+    return shlex.join(parts)
+
+
+def child_env(setup, on_gpu: bool) -> tuple[dict, dict]:
+    """The workers' environment, and what the harness changed in it (recorded with the results)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ACCELERATE_", "MASTER_")) and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    changed = {}
+    package_root = str(Path(__file__).resolve().parents[2])  # the workers import this very hf_zero
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    for key, value in {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        env.setdefault(key, value)
+    if not on_gpu and "OMP_NUM_THREADS" not in env:
+        changed["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"  # several CPU ranks on few cores oversubscribe
+    arch = env.get("TORCH_CUDA_ARCH_LIST")
+    if arch and re.search(r"\d\.\d+[a-zA-Z]", arch):
+        # "9.0a" (the H200 image's default) crashes DeepSpeed's op builder: int('0a')
+        changed["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d\.\d+)[a-zA-Z]+", r"\1", arch)
+    env.update(setup.env)
+    changed.update(setup.env)
+    return env, changed
+
+
+def _error_line(log: str) -> str:
+    """The most telling line of a failed worker's log: its last exception, not torchrun's wrapper."""
+    found = [m.group(1).strip() for m in re.finditer(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception)\b:?.*)$",
+                                                     log, re.MULTILINE)
+             if "ChildFailedError" not in m.group(1) and not m.group(1).lstrip().startswith("raise ")]
+    if found:
+        return found[-1][:500]
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else "no output"
+
+
+def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
+    """Run one setup under torchrun and return its row (status ok / failed / oom / timeout)."""
+    work = out / "work" / setup.name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (out / "logs").mkdir(exist_ok=True)
+    log_path = out / "logs" / f"{setup.name}.log"
+    spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
+            "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
+            "workdir": str(work), "result": str(work / "result.json")}
+    (work / "spec.json").write_text(json.dumps(spec, indent=1))
+    env, changed = child_env(setup, on_gpu)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "hf_zero.bench.worker", "--spec", str(work / "spec.json")]
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(cmd) + "\n")
+        log.flush()
+        # its own session, so a hung launch is ended with all its ranks and nothing else
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=opts.setup_timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        except KeyboardInterrupt:
+            _kill(proc)
+            raise
+        if code is None:
+            _kill(proc)
+    row = {"name": setup.name, "base": setup.base, "kind": setup.kind, "micro_batch": setup.micro_batch,
+           "gradient_checkpointing": setup.gradient_checkpointing, "wall_s": round(time.perf_counter() - start, 1),
+           "log": str(log_path.relative_to(out)), "env_changed": changed, "setup": setup.as_dict(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    result_file = work / "result.json"
+    if code == 0 and result_file.exists():
+        row.update(json.loads(result_file.read_text()))
+    else:
+        text = log_path.read_text(errors="replace")
+        oom = "OutOfMemoryError" in text or "CUDA out of memory" in text
+        row["status"] = "timeout" if code is None else ("oom" if oom else "failed")
+        row["error"] = (f"no result after {opts.setup_timeout:g} s (--setup-timeout)" if code is None
+                        else _error_line(text) if code != 0 else "the workers exited 0 but wrote no result")
+        row["log_tail"] = text.splitlines()[-30:]
+    if not opts.keep_saved:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def _kill(proc) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=15)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) -> dict:
+    """The planner's per-GPU peak for this setup, next to the measured one (GPU runs only: CPU RSS is not comparable)."""
+    name = setup.planner_setup
+    if name is None:
+        return {"setup": None, "note": "the planner has no FSDP model"}
+    run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
+                   gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
+                   bucket=reduce_bucket(setup, shape.hidden))
+    predicted = estimate(name, shape, run).gpu_total / GIB
+    row = {"setup": name, "predicted_gib": round(predicted, 3), "bucket": run.bucket}
+    if measured and measured.get("kind") == "cuda":
+        error = measured["peak_gib"] / predicted - 1
+        row.update(measured_gib=round(measured["peak_gib"], 3), error=round(error, 4),
+                   within_tolerance=abs(error) <= PLANNER_TOLERANCE)
+    else:
+        row["note"] = "measured on CPU as peak RSS (libraries included): not comparable with the plan"
+    return row
+
+
+def _fingerprint(opts: Options, model: tuple, device: str) -> dict:
+    return {"model": model[0], "model_config": model[1], "nproc": opts.nproc, "seq": opts.seq,
+            "steps": opts.steps, "warmup": opts.warmup, "device": device}
+
+
+def _load_existing(path: Path, fingerprint: dict, fresh: bool) -> dict | None:
+    if fresh or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} exists but is not readable JSON ({e}); pass --fresh to start over") from None
+    if data.get("fingerprint") != fingerprint:
+        theirs = {k: v for k, v in (data.get("fingerprint") or {}).items() if k != "model_config"}
+        raise ConfigError(f"{path} holds results of another run ({theirs}); use another --out, the same "
+                          "--model/--nproc/--seq/--steps/--warmup, or --fresh to replace them")
+    return data
+
+
+def _check_configs(setups, on_gpu: bool, nproc: int) -> None:
+    """Every DeepSpeed config through hf_zero's checker before any GPU minute is spent: all problems at once."""
+    from ..config import check_config
+
+    problems = []
+    for setup in setups:
+        if setup.deepspeed is None:
+            continue
+        try:
+            check_config(setup.deepspeed, on_cpu=not on_gpu, world_size=nproc)
+        except ConfigError as e:
+            problems += [f"{setup.name}: {p}" for p in e.problems]
+    if problems:
+        raise ConfigError(problems)
+
+
+def run_bench(opts: Options, progress=print) -> int:
+    """The sweep. 0 when every setup that ran measured; 1 when any failed (the results are written anyway)."""
+    gpus = _gpu_count()
+    on_gpu = gpus > 0
+    opts = resolve_defaults(opts, gpus)
+    setups = select(opts.setups, opts.variants, opts.nproc)
+    _check_configs(setups, on_gpu, opts.nproc)
+    model = resolve_model(opts.model)
+    config = build_config(model[1])
+    shape = ModelShape.from_config(config, name=model[0])
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    flops = flops_per_token(shape, opts.seq, tied)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    fingerprint = _fingerprint(opts, model, "cuda" if on_gpu else "cpu")
+    data = _load_existing(path, fingerprint, opts.fresh) or {
+        "schema": SCHEMA, "fingerprint": fingerprint, "runs": [], "results": [],
+        "model": {"name": model[0], "config": model[1], "params": shape.params, "tied_embeddings": tied,
+                  "flops_per_token": flops,
+                  "flops_note": "6*N + 12*L*h*seq per token, N = matmul parameters (input embedding excluded); "
+                                "gradient-checkpointing recompute not counted (model FLOP/s)"},
+    }
+    data["runs"].append({"command": command_line(opts), "argv": sys.argv, "versions": versions(),
+                         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                         "host": platform.node(), "setups": [s.name for s in setups]})
+    data["versions"] = data["runs"][-1]["versions"]
+    rows = {r["name"]: r for r in data["results"]}
+
+    from .report import write_reports
+
+    started, failed = time.perf_counter(), 0
+    progress(f"hf-zero bench: {len(setups)} setup(s), {model[0]} ({params_text(shape.params)} params), "
+             f"{opts.nproc} process(es) on {'GPU' if on_gpu else 'CPU'}, seq {opts.seq}, {opts.steps} steps "
+             f"({opts.warmup} warm-up) -> {out}")
+    for k, setup in enumerate(setups, 1):
+        head = f"[{k}/{len(setups)}] {setup.name}"
+        if opts.resume and rows.get(setup.name, {}).get("status") == "ok":
+            progress(f"{head}: already measured, skipped (--resume)")
+            continue
+        if opts.max_minutes is not None and time.perf_counter() - started > 60 * opts.max_minutes:
+            progress(f"{head}: not started, --max-minutes {opts.max_minutes:g} reached; rerun with --resume to continue")
+            continue
+        if setup.kind == "fsdp" and not on_gpu:
+            row = {"name": setup.name, "base": setup.base, "kind": setup.kind, "micro_batch": setup.micro_batch,
+                   "gradient_checkpointing": setup.gradient_checkpointing, "status": "skipped", "setup": setup.as_dict(),
+                   "error": "FSDP needs GPUs: on CPU (use_cpu=True) the Trainer silently trains fsdp=... with plain DDP"}
+        else:
+            row = launch(setup, opts, model, out, on_gpu)
+        if row["status"] == "ok":
+            row["tflops_per_gpu"] = flops * row["tokens_per_s"] / opts.nproc / 1e12
+            data["device"] = row["device"]
+        row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
+        rows[setup.name] = row
+        data["results"] = list(rows.values())
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        written = write_reports(data, out)
+        failed += row["status"] not in ("ok", "skipped")
+        progress(f"{head}: {_summary(row)}")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    written = write_reports(data, out)
+    missing = "" if len(written) == 2 else " (no bench.png: matplotlib is not installed; re-render with --report)"
+    progress(f"wrote {', '.join(map(str, [path, *written]))}{missing}")
+    return 1 if failed else 0
+
+
+def _summary(row: dict) -> str:
+    if row["status"] == "ok":
+        mem = row["memory"]
+        what = "peak alloc {:.2f} GiB/GPU" if mem["kind"] == "cuda" else "peak RSS {:.2f} GiB/rank"
+        save = row.get("save")
+        saved = f", save {save['seconds']:.1f} s, reload {'equal' if save['reload_equal'] else 'DIFFERS'}" if save else ""
+        return f"{row['tokens_per_s']:,.0f} tokens/s, {what.format(mem['peak_gib'])}{saved} ({row['wall_s']:.0f} s)"
+    where = f" (log: {row['log']})" if row.get("log") else ""
+    return f"{row['status'].upper()}: {row['error']}{where}"

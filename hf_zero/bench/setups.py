@@ -1,0 +1,204 @@
+"""The benchmark's named setups (DDP, FSDP, HF-docs "auto" DeepSpeed configs, every hf_zero preset) and sweep variants.
+
+A setup is data: how the Trainer is driven (ddp / fsdp / deepspeed), the DeepSpeed config as a plain dict,
+the micro batch, gradient checkpointing, extra TrainingArguments and environment variables. Each named
+setup comes at micro batch 4 and as "NAME+gc" at micro batch 8 with gradient checkpointing.
+
+Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup name and each key is
+``mbs``, ``gc``, ``env.VAR`` (an environment variable of the workers), ``args.FIELD`` (a TrainingArguments
+field) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it
+parses (``1e9`` becomes an integer, ``null`` removes the key), else a string.
+"""
+
+import copy
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+from ..errors import ConfigError
+from ..presets import get_dotted, load_config, set_dotted
+
+MICRO_BATCH, GC_MICRO_BATCH = 4, 8
+PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+BASES = ("ddp", "fsdp", "ds_auto_zero2", "ds_auto_zero3") + PRESETS
+# On one GPU there is nothing to shard or compare FSDP with; what matters there is offload vs plain.
+ONE_GPU_BASES = ("ddp", "zero2", "zero3", "zero2_offload", "zero3_offload")
+GROUPS = {"all": None, "nogc": False, "gc": True}  # group name -> gradient checkpointing filter
+
+_AUTO_COMMON = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+
+# The ZeRO-2 / ZeRO-3 configs of the transformers DeepSpeed docs, as users copy them, minus their
+# offload_* blocks (those are compared as zero2_offload / zero3_offload): "auto" buckets become
+# hidden^2 elements, 4.2M for a 2048-wide model. 1e9 is written as an integer (same value).
+DS_AUTO = {
+    "ds_auto_zero2": {**_AUTO_COMMON, "zero_optimization": {
+        "stage": 2, "allgather_partitions": True, "allgather_bucket_size": 200_000_000, "overlap_comm": True,
+        "reduce_scatter": True, "reduce_bucket_size": "auto", "contiguous_gradients": True}},
+    "ds_auto_zero3": {**_AUTO_COMMON, "zero_optimization": {
+        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1_000_000_000,
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1_000_000_000,
+        "stage3_max_reuse_distance": 1_000_000_000, "stage3_gather_16bit_weights_on_model_save": True}},
+}
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-+]+$")
+
+
+@dataclass
+class Setup:
+    name: str
+    kind: str  # "ddp" | "fsdp" | "deepspeed": who wraps the model
+    micro_batch: int
+    gradient_checkpointing: bool
+    deepspeed: dict | None = None
+    args: dict = field(default_factory=dict)  # extra TrainingArguments fields
+    env: dict = field(default_factory=dict)  # extra environment variables of the workers
+    base: str = ""  # the named setup it derives from
+
+    @property
+    def stage(self) -> int | None:
+        return get_dotted(self.deepspeed, "zero_optimization.stage") if self.deepspeed else None
+
+    @property
+    def planner_setup(self) -> str | None:
+        """The planner's name for this setup (it has no FSDP model)."""
+        if self.kind == "ddp":
+            return "ddp"
+        if self.kind == "fsdp":
+            return None
+        offload = get_dotted(self.deepspeed, "zero_optimization.offload_optimizer.device") not in (None, "none")
+        if self.stage == 3:
+            return "zero3_offload" if offload else "zero3"
+        return ("zero2_offload" if offload else "zero2") if self.stage == 2 else "zero1"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _named(base: str, gc: bool) -> Setup:
+    mbs = GC_MICRO_BATCH if gc else MICRO_BATCH
+    name = base + ("+gc" if gc else "")
+    if base == "ddp":
+        return Setup(name, "ddp", mbs, gc, base=base)
+    if base == "fsdp":
+        return Setup(name, "fsdp", mbs, gc, args={"fsdp": "full_shard auto_wrap"}, base=base)
+    config = copy.deepcopy(DS_AUTO[base]) if base in DS_AUTO else load_config(base)
+    return Setup(name, "deepspeed", mbs, gc, deepspeed=config, base=base)
+
+
+def named_setups() -> dict:
+    """Every named setup, in table order: each base at micro batch 4, then all "+gc" ones."""
+    return {s.name: s for gc in (False, True) for s in (_named(b, gc) for b in BASES)}
+
+
+def default_names(nproc: int) -> list:
+    bases = BASES if nproc > 1 else ONE_GPU_BASES
+    return [b + suffix for suffix in ("", "+gc") for b in bases]
+
+
+def _parse_value(text: str):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    # 1e9 is how bucket sizes are written; DeepSpeed wants element counts as integers
+    if isinstance(value, float) and value.is_integer() and "e" in text.lower():
+        return int(value)
+    return value
+
+
+def parse_variant(spec: str, known: dict) -> Setup:
+    """``NAME=BASE:key=value,...`` -> a Setup derived from the setup BASE (see the module docstring)."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--variant {spec!r}: expected NAME=BASE[:key=value,...], e.g. "
+                          "z3big=zero3:zero_optimization.reduce_bucket_size=1e9")
+    if not _NAME.match(name):
+        raise ConfigError(f"--variant {spec!r}: the name {name!r} may only use letters, digits and _ . - +")
+    if name in known:
+        raise ConfigError(f"--variant {spec!r}: {name!r} is already a setup name; pick another name")
+    base, _, assignments = rest.partition(":")
+    if base not in known:
+        raise ConfigError(f"--variant {spec!r}: unknown base setup {base!r}; choose one of: {', '.join(known)}")
+    setup = copy.deepcopy(known[base])
+    setup.name = name
+    problems = []
+    # split on commas that start a new key=, so values such as PYTORCH_CUDA_ALLOC_CONF's "a:1,b:2" survive
+    for item in filter(None, re.split(r",(?=[A-Za-z_][\w.]*=)", assignments)):
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            problems.append(f"{item!r} is not key=value")
+            continue
+        value = _parse_value(raw)
+        if key == "mbs":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"mbs must be a positive integer, got {raw!r}")
+            else:
+                setup.micro_batch = value
+        elif key == "gc":
+            if value not in (True, False, 0, 1):
+                problems.append(f"gc must be true or false, got {raw!r}")
+            else:
+                setup.gradient_checkpointing = bool(value)
+        elif key.startswith("env."):
+            setup.env[key[4:]] = raw  # environment values stay strings, exactly as written
+        elif key.startswith("args."):
+            setup.args[key[5:]] = value
+        elif setup.kind != "deepspeed":
+            problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR or args.FIELD")
+        elif value is None:
+            parent, _, leaf = key.rpartition(".")
+            node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed
+            if isinstance(node, dict):
+                node.pop(leaf, None)
+        else:
+            set_dotted(setup.deepspeed, key, value)
+    if problems:
+        raise ConfigError([f"--variant {spec!r}: {p}" for p in problems])
+    return setup
+
+
+def select(names, variants, nproc: int) -> list:
+    """The setups to run: names (or groups all / nogc / gc) then the variants; every unknown name at once."""
+    known = named_setups()
+    parsed = []
+    for spec in variants:
+        setup = parse_variant(spec, {**known, **{s.name: s for s in parsed}})
+        parsed.append(setup)
+    if names is None:
+        names = [] if variants else default_names(nproc)
+    chosen, unknown = [], []
+    for name in names:
+        if name in GROUPS:
+            gc = GROUPS[name]
+            chosen += [n for n in known if gc is None or known[n].gradient_checkpointing == gc]
+        elif name in known:
+            chosen.append(name)
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ConfigError(f"unknown setup(s) {', '.join(map(repr, unknown))}; choose from: {', '.join(known)} "
+                          f"(or the groups {', '.join(GROUPS)}; define others with --variant NAME=BASE:key=value)")
+    setups = [known[n] for n in dict.fromkeys(chosen)] + parsed
+    if not setups:
+        raise ConfigError("no setups to run: pass --setups NAMES and/or --variant NAME=BASE:...")
+    return setups
+
+
+def reduce_bucket(setup: Setup, hidden: int) -> int:
+    """Reduce-bucket elements the engine will use ("auto" is hidden^2, as the Trainer fills it)."""
+    value = get_dotted(setup.deepspeed or {}, "zero_optimization.reduce_bucket_size", 500_000_000)
+    return hidden * hidden if value == "auto" else int(value)

@@ -1,0 +1,249 @@
+"""One benchmark setup in one launch: ``torchrun --nproc_per_node N -m hf_zero.bench.worker --spec spec.json``.
+
+Builds the model from its config (under zero.Init for stage 3: TrainingArguments first, so the
+Trainer's own HF DeepSpeed config partitions it), trains on random tokens with the HF Trainer in bf16,
+times every step, gathers peak memory from all ranks and, for stage 3, times the 16-bit save and checks
+the saved weights bitwise against the engine's. Rank 0 writes the result JSON the spec names.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
+
+import hf_zero
+from hf_zero.bench.model import build_config
+from hf_zero.distributed import has_gpu
+
+GIB = 1024**3
+# transformers 5.24 renamed gradient_checkpointing (kept as an alias); 5.17 only has the old name
+_FIELDS = transformers.TrainingArguments.__dataclass_fields__
+CHECKPOINTING_ARG = "activation_checkpointing" if "activation_checkpointing" in _FIELDS else "gradient_checkpointing"
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """``length`` samples cycling over a small pool of random sequences: no data loading cost, little memory."""
+
+    def __init__(self, vocab: int, seq: int, length: int, pool: int = 64):
+        self.ids = torch.randint(0, vocab, (pool, seq), generator=torch.Generator().manual_seed(0))
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        ids = self.ids[i % len(self.ids)]
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+class StepTimer(TrainerCallback):
+    """Wall time between consecutive optimizer-step ends (so data loading and logging count), and the
+    memory peak of training alone: the peak counter is reset once the engine and model are built."""
+
+    def __init__(self):
+        self.times, self.init_peak = [], {}
+        self._last = None
+
+    def _now(self):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # kernels are asynchronous: time what ran, not what was queued
+        return time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.init_peak = _memory()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self._last = self._now()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = self._now()
+        self.times.append(now - self._last)
+        self._last = now
+
+
+def _memory() -> dict:
+    if torch.cuda.is_available():
+        return {"alloc_gib": torch.cuda.max_memory_allocated() / GIB, "reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+    # ru_maxrss is KiB on Linux: the process's peak resident memory, libraries included
+    return {"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+def _all_ranks(obj) -> list:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _barrier():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def engine_problem(kind: str, engine: str, world_size: int) -> str | None:
+    """Why the model is not driven the way the setup says (a benchmark of the wrong thing), or None."""
+    if kind == "deepspeed" and engine != "DeepSpeedEngine":
+        return f"a DeepSpeed setup trained with {engine}, not a DeepSpeedEngine"
+    if kind == "ddp" and world_size > 1 and engine != "DistributedDataParallel":
+        return f"a DDP setup on {world_size} ranks trained with {engine}, not DistributedDataParallel"
+    if kind == "fsdp" and "FSDP" not in engine and "FullyShardedDataParallel" not in engine:
+        return f"an FSDP setup trained with {engine}, not FSDP"
+    return None
+
+
+def compare_weights(saved: dict, expected: dict) -> list:
+    """Every difference between the reloaded file and the engine's gathered weights; [] when bitwise equal."""
+    problems = [f"{name}: missing from the saved file" for name in expected if name not in saved]
+    problems += [f"{name}: in the saved file but not in the model" for name in saved if name not in expected]
+    for name in sorted(set(saved) & set(expected)):
+        a, b = saved[name], expected[name]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            problems.append(f"{name}: saved {a.dtype} {tuple(a.shape)}, model {b.dtype} {tuple(b.shape)}")
+        elif not torch.equal(a, b):
+            problems.append(f"{name}: max abs diff {(a.float() - b.float()).abs().max().item():.3g}")
+    return problems
+
+
+def _load_saved(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for name in files:
+        state.update(load_file(str(folder / name)))
+    return state
+
+
+def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
+    """Time ``save_model`` (gathers 16-bit weights under ZeRO-3) and check the file against the engine's weights."""
+    _barrier()
+    start = time.perf_counter()
+    trainer.save_model(str(folder))
+    _barrier()  # the save is done when every rank is done (rank 0 writes, the others gather)
+    seconds = time.perf_counter() - start
+    expected = hf_zero.gathered_state_dict(trainer.model)  # a collective: every rank enters
+    result = None
+    if trainer.is_world_process_zero():
+        problems = hf_zero.saved_model_problems(folder, trainer.model)
+        if not problems:
+            problems = compare_weights(_load_saved(folder), expected)
+        files = [p for p in folder.glob("*.safetensors")]
+        result = {"seconds": seconds, "bytes": sum(p.stat().st_size for p in files), "tensors": len(expected),
+                  "reload_equal": not problems, "problems": problems[:10]}
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)  # 2.7 GB per save at 1.35B; the check is what we keep
+    _barrier()
+    return result
+
+
+def build_args(spec: dict, setup: dict):
+    on_gpu = has_gpu()
+    gc = setup["gradient_checkpointing"]
+    kwargs = dict(
+        output_dir=str(Path(spec["workdir"]) / "trainer"), per_device_train_batch_size=setup["micro_batch"],
+        gradient_accumulation_steps=1, max_steps=spec["steps"], learning_rate=1e-4,
+        # one warm-up step: transformers 5.17 fills the HF-docs WarmupLR with 0 steps, which DeepSpeed 0.19.8 rejects
+        warmup_steps=1, lr_scheduler_type="constant_with_warmup", logging_steps=spec["steps"],
+        save_strategy="no", report_to=[], disable_tqdm=True, bf16=True, seed=0, dataloader_drop_last=True,
+        **{CHECKPOINTING_ARG: gc},
+    )
+    if gc:  # non-reentrant everywhere, as ZeroCallback sets it for DeepSpeed: the same recompute for all setups
+        kwargs[f"{CHECKPOINTING_ARG}_kwargs"] = {"use_reentrant": False}
+    if not on_gpu:
+        kwargs["use_cpu"] = True
+    if setup["kind"] == "ddp":
+        # the Trainer's default (True without checkpointing) adds a graph traversal per step that
+        # PyTorch itself warns about; a tuned DDP baseline turns it off
+        kwargs["ddp_find_unused_parameters"] = False
+    kwargs.update(setup["args"])
+    if setup["kind"] == "deepspeed":
+        return hf_zero.TrainingArguments(deepspeed=setup["deepspeed"], **kwargs)
+    return transformers.TrainingArguments(**kwargs)
+
+
+def build_model(spec: dict, setup: dict):
+    config = build_config(spec["model"]["config"])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    stage = (setup["deepspeed"] or {}).get("zero_optimization", {}).get("stage")
+    if stage == 3 or not has_gpu():
+        # stage 3: the Trainer's HF DeepSpeed config is alive, so this runs under zero.Init (partitioned on the GPUs)
+        return AutoModelForCausalLM.from_config(config)
+    # fp32 weights straight on this rank's GPU (the Trainer would move them there anyway); bf16 is autocast
+    # for DDP and FSDP, and DeepSpeed casts to bf16 itself
+    with torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", required=True, help="JSON written by hf_zero.bench.run")
+    opts = p.parse_args(argv)
+    spec = json.loads(Path(opts.spec).read_text())
+    setup = spec["setup"]
+    if has_gpu():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    started = time.perf_counter()
+
+    args = build_args(spec, setup)
+    model = build_model(spec, setup)
+    partitioned = hf_zero.is_partitioned(model)
+    if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
+        raise RuntimeError("stage 3, but the model was not built under zero.Init")
+    world = args.world_size
+    data = RandomTokens(model.config.vocab_size, spec["seq"], spec["steps"] * setup["micro_batch"] * world)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    callback = hf_zero.attach(trainer, log_memory=False) if setup["kind"] == "deepspeed" else None
+    timer = StepTimer()
+    trainer.add_callback(timer)
+    model_ready = time.perf_counter() - started
+    trainer.train()
+
+    engine = type(trainer.model_wrapped).__name__
+    problem = engine_problem(setup["kind"], engine, world)
+    if problem:
+        raise RuntimeError(problem)
+    per_rank = _all_ranks({"train": _memory(), "init": timer.init_peak})
+    save = None
+    if spec["save"]:
+        save = _save_and_check(trainer, Path(spec["workdir"]) / "saved", spec.get("keep_saved", False))
+
+    if trainer.is_world_process_zero():
+        steady = timer.times[spec["warmup"]:]
+        median = statistics.median(steady)
+        tokens_per_step = setup["micro_batch"] * spec["seq"] * world
+        train_mem = [r["train"] for r in per_rank]
+        key = "alloc_gib" if "alloc_gib" in train_mem[0] else "rss_gib"
+        result = {
+            "status": "ok", "engine": engine, "world_size": world, "partitioned": partitioned,
+            "device": {"type": "cuda" if has_gpu() else "cpu",
+                       "name": torch.cuda.get_device_name() if has_gpu() else "cpu",
+                       "count": torch.cuda.device_count() if has_gpu() else os.cpu_count()},
+            "step_times": timer.times, "median_step_s": median, "tokens_per_step": tokens_per_step,
+            "tokens_per_s": tokens_per_step / median,
+            "memory": {"kind": "cuda" if key == "alloc_gib" else "rss", "per_rank": per_rank,
+                       "peak_gib": max(m[key] for m in train_mem),
+                       "peak_reserved_gib": max(m.get("reserved_gib", 0.0) for m in train_mem) if key == "alloc_gib" else None},
+            "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
+        }
+        Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    hf_zero.shutdown()
+
+
+if __name__ == "__main__":
+    main()

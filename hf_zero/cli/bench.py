@@ -1,0 +1,77 @@
+"""``hf-zero bench``: DDP, FSDP, HF "auto" DeepSpeed configs and the hf_zero presets, side by side."""
+
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def add_parser(subparsers):
+    from ..bench.setups import GROUPS
+
+    p = subparsers.add_parser(
+        "bench", help="benchmark DDP, FSDP, DeepSpeed 'auto' configs and the presets (tokens/s, memory, save)",
+        description="Run each setup in its own torchrun launch and write OUT/results.json, results.md and "
+                    "bench.png. On GPUs: a Llama-like 1.35B model, seq 1024, bf16; without a GPU: a tiny model, "
+                    "so CI tests the harness. Results merge into an existing OUT/results.json of the same model, "
+                    "nproc, seq and steps.")
+    p.add_argument("--out", default="bench_out", help="output folder (default: bench_out)")
+    p.add_argument("--setups", type=lambda s: [x for x in s.split(",") if x],
+                   help=f"comma-separated setup names or groups ({', '.join(GROUPS)}); default: all for this nproc "
+                        "(none when --variant is given); --list shows them")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=BASE:key=value,...",
+                   help="an extra setup, e.g. z3b=zero3:zero_optimization.reduce_bucket_size=1e9,"
+                        "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; keys: mbs, gc, env.VAR, args.FIELD, "
+                        "dotted DeepSpeed keys (value null removes the key). Repeatable.")
+    p.add_argument("--nproc", type=int, help="processes (GPUs) per setup; default: all GPUs, or 2 on CPU")
+    p.add_argument("--model", help="1.35b, tiny, or a config.json (default: 1.35b on GPU, tiny on CPU)")
+    p.add_argument("--steps", type=int, help="optimizer steps per setup (default: 20 on GPU, 6 on CPU)")
+    p.add_argument("--warmup", type=int, help="steps left out of the median (default: 5 on GPU, 2 on CPU)")
+    p.add_argument("--seq", type=int, help="sequence length (default: 1024 on GPU, 64 on CPU)")
+    p.add_argument("--resume", action="store_true", help="skip setups OUT/results.json already holds as ok")
+    p.add_argument("--fresh", action="store_true", help="discard an existing OUT/results.json instead of merging")
+    p.add_argument("--max-minutes", type=float, help="start no new setup after this many minutes (then --resume)")
+    p.add_argument("--setup-timeout", type=float, default=900.0, help="seconds before a setup is killed (default 900)")
+    p.add_argument("--keep-saved", action="store_true", help="keep each setup's work folder and saved model")
+    p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
+    p.set_defaults(run=run)
+    return p
+
+
+def _list(opts) -> int:
+    import json
+
+    from ..bench.run import _gpu_count, resolve_defaults
+    from ..bench.setups import select
+
+    opts = resolve_defaults(opts, _gpu_count())
+    for setup in select(opts.setups, opts.variants, opts.nproc):
+        extra = {k: v for k, v in (("args", setup.args), ("env", setup.env)) if v}
+        print(f"{setup.name}: {setup.kind}, micro batch {setup.micro_batch}"
+              f"{', gradient checkpointing' if setup.gradient_checkpointing else ''}"
+              + (f", {json.dumps(extra)}" if extra else ""))
+        if setup.deepspeed:
+            print("  " + json.dumps(setup.deepspeed.get("zero_optimization", {})))
+    return 0
+
+
+def run(args) -> int:
+    if args.report:
+        from ..bench.report import load, write_reports
+
+        path = Path(args.report)
+        written = write_reports(load(path), args.out if args.out != "bench_out" else path.parent)
+        print("wrote " + ", ".join(map(str, written)))
+        return 0
+    from ..bench.run import Options, run_bench
+
+    for flag in ("nproc", "steps", "seq"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag} must be a positive integer, got {value}")
+    opts = Options(out=args.out, setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
+                   steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
+                   max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved)
+    if args.list:
+        return _list(opts)
+    return run_bench(opts)
