@@ -63,13 +63,50 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"{str(path)!r} is not UTF-8 text; a DeepSpeed config is a JSON file") from None
     except OSError as e:
         raise ConfigError(f"cannot read {str(path)!r}: {e.strerror}") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"invalid JSON in {str(path)!r} at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    config = parse_json(text, repr(str(path)))
     if not isinstance(config, dict):
-        raise ConfigError(f"{str(path)!r} holds a JSON {type(config).__name__}, not an object; a DeepSpeed config is a JSON object {{...}}")
+        kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(config), "null")
+        raise ConfigError(f"{str(path)!r} holds a JSON {kind}, not an object; a DeepSpeed config is a JSON object {{...}}")
     return config
+
+
+_MAX_DEPTH = 32  # a DeepSpeed config nests 3-4 levels; deeper input would only exhaust recursion later
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity); give a finite value")
+
+
+def _depth(node, limit) -> int:
+    """Nesting depth of parsed JSON, iteratively (deep input must not overflow the stack here either)."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            if deepest > limit:
+                return deepest
+            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def parse_json(text: str, where: str):
+    """json.loads for user files, every failure a ConfigError naming ``where``.
+
+    Beyond syntax errors: NaN/Infinity (Python's json accepts them, JSON and DeepSpeed's intent
+    do not), integers too long for Python to convert, and nesting deep enough to exhaust recursion.
+    """
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"invalid JSON in {where} at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid JSON in {where}: nested too deeply") from None
+    except ValueError as e:  # NaN/Infinity, or an integer beyond Python's digit limit
+        raise ConfigError(f"invalid JSON in {where}: {e}") from None
+    if _depth(value, _MAX_DEPTH) > _MAX_DEPTH:
+        raise ConfigError(f"{where} nests more than {_MAX_DEPTH} levels deep; a DeepSpeed config has a few")
+    return value
 
 
 def set_dotted(config: dict, dotted_key: str, value) -> None:

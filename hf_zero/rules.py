@@ -113,7 +113,7 @@ def _offload(context):
             found.append(Finding("nvme-path-missing", "error", f"zero_optimization.{block} offloads to NVMe but has no nvme_path.",
                                  "pass nvme_path=... (hf_zero.TrainingArguments / load_config) or "
                                  "`hf-zero recipes zero3_nvme --nvme-path DIR --out ds.json`."))
-        elif not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        elif not isinstance(path, str) or not (os.path.isdir(path) and os.access(path, os.W_OK)):  # an int would be a file descriptor
             found.append(Finding("nvme-path-unusable", "error",
                                  f"zero_optimization.{block}.nvme_path {path!r} is not a writable folder.",
                                  "create it on a fast local disk, or point nvme_path at one."))

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..config import validate_config
 from ..distributed import has_gpu
 from ..errors import ConfigError
-from ..presets import load_config
+from ..presets import load_config, parse_json
 
 
 def add_parser(subparsers):
@@ -30,11 +30,14 @@ def add_parser(subparsers):
 
 def _read_json_object(path, what) -> dict:
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{what} {path!r} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path!r} is a directory, not a JSON file") from None
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{what} {path!r} is not valid JSON: {e}") from None
+    value = parse_json(text, f"{what} {path!r}")
     if not isinstance(value, dict):
         raise ConfigError(f"{what} {path!r} must hold a JSON object")
     return value
@@ -45,7 +48,7 @@ def _model_config(model) -> dict:
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return _read_json_object(path, "model config")
+        return _read_json_object(str(path), "model config")
     try:
         from transformers import AutoConfig
 
