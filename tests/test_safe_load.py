@@ -223,3 +223,76 @@ def test_plain_pickle_after_a_fake_magic_is_scanned_to_the_end(tmp_path):
 def test_check_checkpoint_missing_folder_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         check_checkpoint(tmp_path / "nope")
+
+
+# --- model code: trust_remote_code only from an explicit flag -------------------------------
+
+def _model_with_code(folder, marker) -> Path:
+    """A model folder whose config maps the Auto classes to its own Python file; importing that file creates ``marker``."""
+    import json
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "hfzero_custom", "architectures": ["CustomModel"],
+        "auto_map": {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel",
+                     "AutoModelForSequenceClassification": "custom.CustomModel",
+                     "AutoTokenizer": ["custom.CustomTokenizer", None]}}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom.CustomTokenizer", None]}}))
+    (folder / "custom.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+        "from transformers import PretrainedConfig\n\n\nclass CustomConfig(PretrainedConfig):\n    model_type = 'hfzero_custom'\n")
+    return folder
+
+
+def _finetune_args(argv):
+    from transformers import HfArgumentParser
+
+    from hf_zero.finetune.args import FinetuneArguments
+
+    [ft] = HfArgumentParser(FinetuneArguments).parse_args_into_dataclasses(args=argv)
+    return ft
+
+
+@pytest.mark.parametrize("loader", ["tokenizer", "model"])
+def test_finetune_refuses_model_code_without_the_flag(tmp_path, monkeypatch, loader):
+    from hf_zero.finetune.task import Task, load_model, load_tokenizer
+
+    marker = tmp_path / "pwned"
+    model = _model_with_code(tmp_path / "model", marker)
+    # transformers' own default (None) asks on the terminal; a user answering "y" would run the code. hf_zero passes False.
+    monkeypatch.setattr("builtins.input", lambda *a: "y")
+    ft = _finetune_args(["--model", str(model), "--data", "d.csv"])
+    assert ft.trust_remote_code is False
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        if loader == "tokenizer":
+            load_tokenizer(ft)
+        else:
+            load_model(ft, Task(None, None, None, None, {"id2label": {0: "a", 1: "b"}}))
+    assert not marker.exists()
+
+
+def test_finetune_flag_runs_model_code_and_plain_models_need_none(tmp_path, tiny_models):
+    from transformers import AutoConfig
+
+    marker = tmp_path / "pwned"
+    model = _model_with_code(tmp_path / "model", marker)
+    ft = _finetune_args(["--model", str(model), "--data", "d.csv", "--trust_remote_code"])
+    AutoConfig.from_pretrained(ft.model, trust_remote_code=ft.trust_remote_code)  # what task.py passes
+    assert marker.exists()
+    # a model without code of its own loads with the default: the refusal stays quiet
+    from hf_zero.finetune.task import Task, load_model
+
+    ft = _finetune_args(["--model", str(tiny_models["llama"]), "--data", "d.csv", "--task", "causal_lm"])
+    assert load_model(ft, Task(None, None, None, None, {})).config.model_type == "llama"
+
+
+def test_plan_and_check_never_run_model_code(tmp_path, capsys):
+    from hf_zero.cli import main
+
+    marker = tmp_path / "pwned"
+    model = _model_with_code(tmp_path / "model", marker)
+    assert main(["plan", str(model), "--gpus", "1", "--gpu-mem", "80"]) == 2
+    assert "custom code" in capsys.readouterr().err
+    assert main(["check", "zero2", "--cpu", "--no-env", "--model", str(model)]) == 0  # reads config.json as data
+    assert not marker.exists()

@@ -52,7 +52,7 @@ def _model_config(model) -> dict:
     try:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(model).to_dict()
+        return AutoConfig.from_pretrained(model, trust_remote_code=False).to_dict()  # never run a repo's code to lint
     except (OSError, ValueError):
         raise ConfigError(f"--model {model!r} is neither a folder with config.json, a config.json, nor a reachable Hub id") from None
 

@@ -41,7 +41,7 @@ def load_model_config(model: str):
             if "model_type" not in data:
                 raise ConfigError(f"{model!r} has no model_type; pass a transformers config.json")
             return AutoConfig.for_model(**data)
-        return AutoConfig.from_pretrained(model)
+        return AutoConfig.from_pretrained(model, trust_remote_code=False)  # a planner has no reason to run a repo's code
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read a model config from {model!r} (a Hub id, a folder with config.json, or a "
                           f"config.json): {str(e).splitlines()[0]}") from None

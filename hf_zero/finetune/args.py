@@ -19,6 +19,8 @@ class FinetuneArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only this many evaluation rows"})
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside --model (de-quantised)"})
     reload_check: bool = field(default=True, metadata={"help": "reload the saved model in a fresh process and evaluate it"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "run the Python code a model folder or Hub repo ships "
+                                                                     "(auto_map); only for sources you trust"})
 
     def __post_init__(self):
         if self.task not in ("classification", "causal_lm", "chat"):

@@ -32,7 +32,7 @@ def load_tokenizer(ft, source=None):
     from transformers import AutoTokenizer
 
     kwargs = {"gguf_file": ft.gguf_file} if ft.gguf_file and source is None else {}
-    return AutoTokenizer.from_pretrained(source or ft.model, **kwargs)
+    return AutoTokenizer.from_pretrained(source or ft.model, trust_remote_code=getattr(ft, "trust_remote_code", False), **kwargs)
 
 
 def build_task(ft, tokenizer) -> Task:
@@ -67,11 +67,12 @@ def load_model(ft, task: Task, source=None, **kwargs):
     if ft.task == "classification" and source is None:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(ft.model)
+        config = AutoConfig.from_pretrained(ft.model, trust_remote_code=getattr(ft, "trust_remote_code", False))
         # A checkpoint that already has a classifier head must match the data's labels; a base model gets a new head.
         if any("ForSequenceClassification" in a for a in (config.architectures or [])):
             task_data.check_num_labels(config, list(task.model_kwargs["id2label"].values()))
-    model = model_class.from_pretrained(source or ft.model, **(task.model_kwargs if source is None else {}), **kwargs)
+    model = model_class.from_pretrained(source or ft.model, **(task.model_kwargs if source is None else {}),
+                                        trust_remote_code=getattr(ft, "trust_remote_code", False), **kwargs)
     if getattr(model, "hf_quantizer", None) is not None and ft.gguf_file:
         # GGUF weights are de-quantised to float on load; what we save is a plain model
         model.hf_quantizer = None

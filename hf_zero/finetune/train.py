@@ -26,7 +26,7 @@ _TRAINER_DEFAULTS = {"output_dir": "finetune_out", "eval_strategy": "epoch", "ev
                      "logging_steps": "10", "save_strategy": "no", "report_to": "none", "seed": "0"}
 
 
-def _default_recipe(model: str) -> str:
+def _default_recipe(model: str, trust_remote_code: bool = False) -> str:
     """zero3 on CPU (memory is the limit there) and for models whose Adam states would crowd one GPU; else zero2."""
     if not has_gpu():
         return "zero3"
@@ -35,7 +35,8 @@ def _default_recipe(model: str) -> str:
     from transformers import AutoConfig, AutoModel
 
     with init_empty_weights():
-        n = sum(p.numel() for p in AutoModel.from_config(AutoConfig.from_pretrained(model)).parameters())
+        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+        n = sum(p.numel() for p in AutoModel.from_config(config, trust_remote_code=trust_remote_code).parameters())
     return "zero3" if n * 16 > 0.5 * torch.cuda.get_device_properties(0).total_memory else "zero2"
 
 
@@ -54,7 +55,7 @@ def parse(argv):
     if launched_with_config and not ft.recipe and "deepspeed" not in given:
         ft.recipe = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
     elif "deepspeed" not in given:
-        ft.recipe = ft.recipe or _default_recipe(ft.model)
+        ft.recipe = ft.recipe or _default_recipe(ft.model, ft.trust_remote_code)
         defaults += ["--deepspeed", ft.recipe]
     check_model_source(ft)
     [args] = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=rest + defaults)
