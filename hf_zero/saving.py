@@ -57,6 +57,11 @@ def saved_model_problems(folder, model=None) -> list:
     tensors saved from partitions instead of gathered weights.
     """
     folder = Path(folder)
+    if (folder / "adapter_config.json").exists():
+        # A PEFT (LoRA) save: adapter weights only, no config.json or model.safetensors by design.
+        from .lora import adapter_problems
+
+        return adapter_problems(folder, model)
     problems = []
     if not (folder / "config.json").exists():
         problems.append(f"{folder}: no config.json.")
