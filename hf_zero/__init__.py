@@ -8,34 +8,42 @@
 """
 
 from .callback import ZeroCallback, attach
+from .checkpoint import checkpoint_problems, last_good_checkpoint
 from .config import Finding, validate_config
 from .distributed import init_distributed, shutdown
 from .errors import ConfigError
+from .export import export
 from .loading import from_pretrained, is_partitioned, release_zero3_config, zero3_init
 from .presets import accelerate_config_path, load_config, preset_descriptions, recipe_path
+from .resume import convert_to_universal, prepare_resume
 from .saving import gathered_params, gathered_state_dict, saved_model_problems
 from .training_args import TrainingArguments
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError",
-    "Finding",
-    "TrainingArguments",
-    "ZeroCallback",
     "accelerate_config_path",
     "attach",
+    "checkpoint_problems",
+    "ConfigError",
+    "convert_to_universal",
+    "export",
+    "Finding",
     "from_pretrained",
     "gathered_params",
     "gathered_state_dict",
     "init_distributed",
     "is_partitioned",
+    "last_good_checkpoint",
     "load_config",
+    "prepare_resume",
     "preset_descriptions",
     "recipe_path",
     "release_zero3_config",
     "saved_model_problems",
     "shutdown",
+    "TrainingArguments",
     "validate_config",
     "zero3_init",
+    "ZeroCallback",
 ]

@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
 
+from .checkpoint import set_aside_partial, training_state_problems
 from .config import check_config
-from .distributed import has_gpu, world_size
+from .distributed import barrier, has_gpu, world_size
 from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
@@ -83,6 +85,7 @@ class ZeroCallback(TrainerCallback):
         self.stage = None
         self.warnings = []
         self._saved_use_cache = None
+        self._save_total_limit = None
 
     # ---- wiring -------------------------------------------------------------------------
     def attach(self, trainer) -> "ZeroCallback":
@@ -98,7 +101,27 @@ class ZeroCallback(TrainerCallback):
             callbacks.remove(self)
         callbacks.insert(0, self)
         self._before_engine(trainer.args, trainer.model)
+        if deepspeed_config_of(trainer.args) is not None:
+            self._take_over_rotation(trainer.args)
+            self._set_aside_partial_checkpoints(trainer.args)
         return self
+
+    def _take_over_rotation(self, args) -> None:
+        """The Trainer deletes old checkpoints right after writing a new one, before anything checked it;
+        hf_zero rotates in on_save instead, once the new checkpoint is verified complete."""
+        if args.save_total_limit:
+            self._save_total_limit, args.save_total_limit = args.save_total_limit, None
+
+    def _set_aside_partial_checkpoints(self, args) -> None:
+        """A save cut short (a rank killed mid-write) leaves checkpoint-N without trainer_state.json or with
+        truncated shards, and resume_from_checkpoint=True would pick it and fail. Rename such folders to
+        partial-checkpoint-N: nothing is deleted, and the Trainer resumes from the last complete one."""
+        moved = []
+        if args.should_save:
+            moved = set_aside_partial(args.output_dir)
+        barrier()
+        for path, problems in moved:
+            self._warn(f"set aside incomplete checkpoint as {path}: {'; '.join(problems)}")
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -125,7 +148,9 @@ class ZeroCallback(TrainerCallback):
                 zero["stage3_gather_16bit_weights_on_model_save"] = True
                 self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
-            if not is_partitioned(model):
+            # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
+            # partitions them; only a base built whole costs host memory.
+            if not any(hasattr(p, "ds_id") for p in model.parameters()):
                 n = sum(p.numel() for p in model.parameters())
                 size = sum(p.numel() * p.element_size() for p in model.parameters())
                 ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -141,6 +166,11 @@ class ZeroCallback(TrainerCallback):
             elif kwargs.get("use_reentrant", False) and self.stage == 3:
                 self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
                            "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
+        from .lora import checkpointing_problems
+
+        problems = checkpointing_problems(model, args)
+        if problems:
+            raise ConfigError(problems)
 
     # ---- train begin: what actually got built ----------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -193,13 +223,19 @@ class ZeroCallback(TrainerCallback):
             if processing_class is not None and not (folder / "tokenizer_config.json").exists() \
                     and not (folder / "preprocessor_config.json").exists():
                 processing_class.save_pretrained(folder)
-            problems = saved_model_problems(folder, model)
+            problems = training_state_problems(folder) + saved_model_problems(folder, model)
+            if not problems and self._save_total_limit:
+                # Only now may older checkpoints go: the newest is known to be complete. Newest by
+                # mtime, as the Trainer does, so stale higher-numbered folders of an earlier run don't win.
+                rotate_checkpoints(args.output_dir, save_total_limit=self._save_total_limit,
+                                   best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)
         if distributed:
             shared = [problems]
             dist.broadcast_object_list(shared, src=0)
             problems = shared[0]
         if problems:
-            raise RuntimeError("hf_zero: checkpoint will not reload with from_pretrained: " + " ".join(problems))
+            raise RuntimeError("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): "
+                               + " ".join(problems))
 
     def _restore_use_cache_in(self, folder: Path) -> None:
         config_file = folder / "config.json"

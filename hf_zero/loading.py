@@ -67,6 +67,25 @@ def release_zero3_config() -> None:
     unset_hf_deepspeed_config()
 
 
+@contextlib.contextmanager
+def zero3_init_paused():
+    """Build models whole inside this block even while a stage-3 config is alive.
+
+    For models that must not be partitioned, e.g. one built on the meta device by one rank to
+    read shapes: zero.Init is a collective, and entering it on one rank deadlocks the others.
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref  # transformers keeps it only as this module global
+    live = ref() if ref is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if live is not None:
+            hf_deepspeed.set_hf_deepspeed_config(live)
+
+
 def is_partitioned(model) -> bool:
     """True when every parameter is a ZeRO-3 partition (zero.Init ran)."""
     params = list(model.parameters())

@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from . import bench, check, finetune, plan, recipes
+from . import bench, check, export, finetune, plan, recipes, verify
 
-_SUBCOMMANDS = (recipes, check, plan, finetune, bench)
+_SUBCOMMANDS = (recipes, check, plan, finetune, export, verify, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

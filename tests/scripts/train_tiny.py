@@ -28,7 +28,7 @@ def build_args(opts):
         max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
         bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, lr_scheduler_type="constant",
-        deepspeed=opts.deepspeed,
+        deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit,
     )
     if opts.plain_args:
         # What a user's unmodified script does: transformers' own arguments, no CPU glue.
@@ -92,6 +92,23 @@ def live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
+def kill_midway_through_save(step: int) -> None:
+    """A crash in the middle of a checkpoint: the optimizer shard of `step` is cut in half, then SIGKILL
+    (no cleanup, no exception handlers), as when a node dies or the OOM killer strikes."""
+    import signal
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)) and f"global_step{step}" in str(f) and "optim_states" in str(f):
+            size = os.path.getsize(f)
+            os.truncate(f, size // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = save  # DeepSpeed's checkpoint engine calls torch.save(state, path)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -108,6 +125,10 @@ def main():
     p.add_argument("--no-attach", action="store_true")
     p.add_argument("--callback-in-list", action="store_true", help="Trainer(callbacks=[ZeroCallback()]) instead of attach")
     p.add_argument("--nvme-path", default=None)
+    p.add_argument("--resume", default=None, help="'last' (hf_zero.prepare_resume finds it) or a checkpoint folder")
+    p.add_argument("--save-total-limit", type=int, default=None)
+    p.add_argument("--kill-during-save", type=int, default=None, metavar="STEP",
+                   help="rank 1 writes half of its optimizer shard at STEP's save, then SIGKILLs itself")
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
@@ -126,13 +147,20 @@ def main():
 
     data = RandomTokens(opts.task, model.config.vocab_size)
     in_list = [hf_zero.ZeroCallback()] if opts.callback_in_list else None
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list)
+    # a tokenizer saved beside the model goes into every checkpoint, as in a real fine-tune
+    tokenizer = transformers.AutoTokenizer.from_pretrained(opts.model) if (Path(opts.model) / "tokenizer_config.json").exists() else None
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list, processing_class=tokenizer)
     callback = None if opts.no_attach or in_list else hf_zero.attach(trainer)
     logged = LoggedKeys()
     trainer.add_callback(logged)
     peak_states = PeakStateBytes(trainer)
     trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
-    trainer.train()
+    if opts.kill_during_save is not None and os.environ.get("RANK") == "1":
+        kill_midway_through_save(opts.kill_during_save)
+    resume = None
+    if opts.resume:
+        resume = hf_zero.prepare_resume(trainer, True if opts.resume == "last" else opts.resume)
+    trainer.train(resume_from_checkpoint=resume)
 
     expected = hf_zero.gathered_state_dict(trainer.model)
     final = Path(opts.out) / "final"
@@ -144,6 +172,8 @@ def main():
         engine = trainer.model_wrapped
         result = {
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "loss_steps": [e["step"] for e in trainer.state.log_history if "loss" in e],
+            "resumed_from": resume,
             "engine": type(engine).__name__,
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),

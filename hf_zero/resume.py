@@ -1,0 +1,117 @@
+"""Resuming a ZeRO run: from the last complete checkpoint, on any world size.
+
+DeepSpeed checkpoints are split per data-parallel rank, so resuming on another GPU count
+fails (``used a DP world size of 2 but the current world size is 1``). DeepSpeed's universal
+checkpoint format (``ds_to_universal``) stores each parameter and its Adam states whole; an
+engine built with ``"checkpoint": {"load_universal": true}`` re-splits them for its own world
+size. ``prepare_resume`` does the conversion (once, on rank 0) and sets that key.
+"""
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from .callback import deepspeed_config_of
+from .checkpoint import find_zero_checkpoint, inspect_zero_checkpoint, last_good_checkpoint
+from .distributed import barrier, is_main_process
+from .errors import ConfigError
+
+logger = logging.getLogger("hf_zero")
+
+
+def universal_dir(root: Path, tag: str) -> Path:
+    return Path(root) / f"{tag}_universal"
+
+
+def convert_to_universal(checkpoint, *, trust_checkpoint: bool = False, quiet: bool = True) -> Path:
+    """Write ``<tag>_universal/`` (and ``latest_universal``) next to the checkpoint's ``<tag>/``; returns it.
+
+    Reuses a finished earlier conversion. ZeRO-1/2 checkpoints lack the per-parameter layout
+    record DeepSpeed's converter wants, so they are converted with ``--inject_missing_state``.
+    """
+    from .safe_load import check_checkpoint
+
+    zero = find_zero_checkpoint(checkpoint)
+    if zero is None:
+        raise ConfigError(f"{checkpoint} holds no DeepSpeed ZeRO checkpoint to convert (no global_step*/ folder).")
+    inspect_zero_checkpoint(zero, trust=trust_checkpoint)
+    if zero.problems:
+        raise ConfigError(f"{checkpoint} is incomplete: " + "; ".join(zero.problems))
+    check_checkpoint(zero.tag_dir, trust=trust_checkpoint)
+    target = universal_dir(zero.root, zero.tag)
+    latest = zero.root / "latest_universal"
+    if (target / "zero").is_dir() and latest.is_file() and latest.read_text().strip() == target.name:
+        return target  # converted by an earlier attempt
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(zero.tag_dir),
+           # no trailing slash: with one the converter writes latest_universal inside the output folder
+           "--output_folder", str(target).rstrip("/")]
+    if (zero.stage or 0) < 3:
+        cmd.append("--inject_missing_state")
+    # The converter loads the shards with weights_only=False; check_checkpoint above has already
+    # refused any pickle whose globals are outside the allow-list, so it only sees plain tensors.
+    proc = subprocess.run(cmd, capture_output=quiet, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-3:] if quiet else []
+        raise ConfigError(f"DeepSpeed's ds_to_universal failed on {zero.tag_dir} (exit {proc.returncode}): "
+                          + " | ".join(tail))
+    return target
+
+
+def prepare_resume(trainer, checkpoint=True, *, trust_checkpoint: bool = False):
+    """The checkpoint to pass to ``trainer.train(resume_from_checkpoint=...)``, made loadable on this world size.
+
+    ``checkpoint=True`` means the newest *complete* ``checkpoint-N`` in ``args.output_dir``
+    (None when there is none, so the run starts fresh). When the checkpoint was written by a
+    different number of data-parallel ranks, it is converted to DeepSpeed's universal format
+    and the run's DeepSpeed config gets ``"checkpoint": {"load_universal": true}``; optimizer
+    states, step and learning-rate schedule carry over. Call it on every rank before train().
+    """
+    args = trainer.args
+    if checkpoint is True:
+        checkpoint = last_good_checkpoint(args.output_dir, trust=trust_checkpoint)
+        if checkpoint is None:
+            logger.info("hf_zero: no complete checkpoint in %s; training starts from scratch", args.output_dir)
+            return None
+    if not checkpoint:
+        return None
+    checkpoint = Path(checkpoint)
+    config = deepspeed_config_of(args)
+    zero = find_zero_checkpoint(checkpoint)
+    if config is None or zero is None:
+        return str(checkpoint)  # not a DeepSpeed resume: the Trainer's own loading applies
+    from .safe_load import check_checkpoint
+
+    inspect_zero_checkpoint(zero, trust=trust_checkpoint)
+    if zero.problems:
+        raise ConfigError(f"{checkpoint} is incomplete and cannot be resumed from: " + "; ".join(zero.problems) +
+                          ". Resume from an earlier complete checkpoint (prepare_resume(trainer, True) finds it).")
+    check_checkpoint(checkpoint, trust=trust_checkpoint)
+    if zero.dp_world_size == args.world_size:
+        return str(checkpoint)
+    if is_main_process():
+        logger.warning("hf_zero: %s was saved by %d rank(s), this run has %d: converting it to DeepSpeed's universal "
+                       "format to re-split the optimizer states", checkpoint, zero.dp_world_size, args.world_size)
+    failure = None
+    if is_main_process():
+        try:
+            convert_to_universal(checkpoint, trust_checkpoint=trust_checkpoint)
+        except ConfigError as e:
+            failure = str(e)
+    failure = _shared(failure)
+    if failure:
+        raise ConfigError(failure)
+    config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    return str(checkpoint)
+
+
+def _shared(value):
+    """Rank 0's value on every rank (and a barrier, so no rank reads a half-written conversion)."""
+    import torch.distributed as dist
+
+    barrier()
+    if dist.is_available() and dist.is_initialized():
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
