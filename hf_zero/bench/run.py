@@ -98,7 +98,7 @@ def command_line(opts: Options) -> str:
     return shlex.join(parts)
 
 
-def child_env(setup, on_gpu: bool) -> tuple[dict, dict]:
+def child_env(setup, on_gpu: bool, nproc: int) -> tuple[dict, dict]:
     """The workers' environment, and what the harness changed in it (recorded with the results)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ACCELERATE_", "MASTER_")) and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -107,8 +107,11 @@ def child_env(setup, on_gpu: bool) -> tuple[dict, dict]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     for key, value in {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
         env.setdefault(key, value)
-    if not on_gpu and "OMP_NUM_THREADS" not in env:
-        changed["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"  # several CPU ranks on few cores oversubscribe
+    if "OMP_NUM_THREADS" not in env:
+        # CPU ranks on few cores oversubscribe; on GPUs torchrun would pick 1, which starves the offload
+        # setups' CPU Adam, so each rank gets its share of the cores instead
+        threads = max(1, (os.cpu_count() or 1) // nproc) if on_gpu else 1
+        changed["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     arch = env.get("TORCH_CUDA_ARCH_LIST")
     if arch and re.search(r"\d\.\d+[a-zA-Z]", arch):
         # "9.0a" (the H200 image's default) crashes DeepSpeed's op builder: int('0a')
@@ -140,7 +143,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
             "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json")}
     (work / "spec.json").write_text(json.dumps(spec, indent=1))
-    env, changed = child_env(setup, on_gpu)
+    env, changed = child_env(setup, on_gpu, opts.nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "hf_zero.bench.worker", "--spec", str(work / "spec.json")]
@@ -164,8 +167,10 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
            "log": str(log_path.relative_to(out)), "env_changed": changed, "setup": setup.as_dict(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     result_file = work / "result.json"
-    if code == 0 and result_file.exists():
+    if code is not None and result_file.exists():
         row.update(json.loads(result_file.read_text()))
+        if code != 0:  # measured and written by rank 0; a rank then died at exit: keep the numbers, say so
+            row["exit_warning"] = f"the workers exited {code} after rank 0 wrote the result (see the log)"
     else:
         text = log_path.read_text(errors="replace")
         oom = "OutOfMemoryError" in text or "CUDA out of memory" in text
@@ -200,10 +205,10 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
                    bucket=reduce_bucket(setup, shape.hidden))
     predicted = estimate(name, shape, run).gpu_total / GIB
-    row = {"setup": name, "predicted_gib": round(predicted, 3), "bucket": run.bucket}
+    row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":
         error = measured["peak_gib"] / predicted - 1
-        row.update(measured_gib=round(measured["peak_gib"], 3), error=round(error, 4),
+        row.update(measured_gib=measured["peak_gib"], error=error,
                    within_tolerance=abs(error) <= PLANNER_TOLERANCE)
     else:
         row["note"] = "measured on CPU as peak RSS (libraries included): not comparable with the plan"

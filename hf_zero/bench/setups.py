@@ -143,6 +143,11 @@ def parse_variant(spec: str, known: dict) -> Setup:
             problems.append(f"{item!r} is not key=value")
             continue
         value = _parse_value(raw)
+        if "," in raw and isinstance(value, str) and not key.startswith("env."):
+            # items are split at ",key="; a stray ",word" would otherwise silently join the previous value
+            problems.append(f"{key}={raw!r}: a comma inside a value is only allowed in env.VAR values and JSON "
+                            "lists; separate items as key=value")
+            continue
         if key == "mbs":
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"mbs must be a positive integer, got {raw!r}")

@@ -1,0 +1,254 @@
+"""hf-zero bench on CPU: the real CLI, real torchrun workers, real Trainer and DeepSpeed, a tiny model.
+
+One sweep (ddp, zero3, and a variant that must fail) is shared by the multi-process tests; the
+parsing, comparison and report checks run in-process, each where it fires and where it stays quiet.
+"""
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, worker_env
+from hf_zero.bench import report
+from hf_zero.bench.run import Options, _error_line, child_env, planner_row, resolve_defaults
+from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
+from hf_zero.bench.worker import compare_weights, engine_problem
+from hf_zero.cli import main
+from hf_zero.errors import ConfigError
+
+# A real crash inside one setup's workers (PyTorch's DataLoader rejects -1 workers), which the sweep
+# must record with its error and survive.
+BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
+SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32"]
+
+
+def _bench(args, tmp_out, timeout=600):
+    cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(tmp_out), *args]
+    return subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = _bench(SWEEP, out)
+    results = out / "results.json"
+    if not results.exists():
+        pytest.fail(f"no results.json; exit {proc.returncode}\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return out, proc, json.loads(results.read_text())
+
+
+def _row(data, name):
+    return next(r for r in data["results"] if r["name"] == name)
+
+
+@pytest.mark.multiproc
+def test_sweep_measures_ddp_and_zero3(sweep):
+    out, proc, data = sweep
+    ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
+    for row, engine in ((ddp, "DistributedDataParallel"), (zero3, "DeepSpeedEngine")):
+        assert row["status"] == "ok", row
+        assert row["engine"] == engine and row["world_size"] == 2
+        assert row["tokens_per_s"] > 0 and row["tflops_per_gpu"] > 0
+        assert len(row["step_times"]) == 5 and row["median_step_s"] > 0
+        assert row["tokens_per_step"] == row["micro_batch"] * 32 * 2
+        assert row["memory"]["kind"] == "rss" and len(row["memory"]["per_rank"]) == 2 and row["memory"]["peak_gib"] > 0
+        assert row["planner"]["predicted_gib"] > 0 and "within_tolerance" not in row["planner"]  # CPU: not comparable
+    assert zero3["partitioned"] and zero3["save"]["reload_equal"] and zero3["save"]["problems"] == []
+    assert zero3["save"]["seconds"] > 0 and zero3["save"]["tensors"] > 0
+    assert ddp["save"] is None  # only ZeRO-3 saves are timed
+    assert data["model"]["params"] > 0 and data["model"]["flops_per_token"] > 0
+    run = data["runs"][-1]
+    assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("hf-zero bench")
+    assert "[1/3] ddp:" in proc.stdout and "[2/3] zero3:" in proc.stdout
+
+
+@pytest.mark.multiproc
+def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
+    out, proc, data = sweep
+    assert proc.returncode == 1, proc.stderr[-3000:]  # a failed setup: results written, exit 1
+    broken = _row(data, "broken")
+    assert broken["status"] == "failed"
+    assert "num_workers" in broken["error"] and "Error" in broken["error"], broken["error"]
+    assert (out / broken["log"]).exists() and broken["log_tail"]
+    assert "[3/3] broken: FAILED" in proc.stdout
+    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken"]
+
+
+@pytest.mark.multiproc
+def test_sweep_writes_table_and_chart(sweep, tmp_path):
+    out, _, data = sweep
+    md = (out / "results.md").read_text()
+    assert "| zero3 | 4 |" in md and "| ddp | 4 |" in md and "failed: " in md
+    assert "CPU run" in md and "bitwise equal" in md
+    assert data["runs"][-1]["command"] in md
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24])[0] > 100
+    # --report re-renders from the JSON alone, next to it
+    copy = tmp_path / "results.json"
+    shutil.copy(out / "results.json", copy)
+    assert main(["bench", "--report", str(copy)]) == 0
+    assert (tmp_path / "results.md").read_text() == md and (tmp_path / "bench.png").exists()
+
+
+@pytest.mark.multiproc
+def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
+    out, _, data = sweep
+    merged = tmp_path / "merged"
+    shutil.copytree(out, merged)
+    # everything asked for is measured already: nothing launches, the run is recorded, the rows stay
+    assert main(["bench", "--out", str(merged), "--resume", *SWEEP[:2], *SWEEP[4:]]) == 0
+    assert "already measured, skipped (--resume)" in capsys.readouterr().out
+    again = json.loads((merged / "results.json").read_text())
+    assert len(again["runs"]) == 2 and again["results"] == data["results"]
+    # a different sequence length would mix incomparable numbers into one table
+    assert main(["bench", "--out", str(merged), "--setups", "ddp", "--nproc", "2", "--seq", "16"]) == 2
+    assert "holds results of another run" in capsys.readouterr().err
+
+
+def test_unknown_setup_is_one_message_and_exit_2(tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path / "o"), "--setups", "ddp,zero9,fsdp_fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-zero bench: error: unknown setup(s) 'zero9', 'fsdp_fast'") and "ds_auto_zero3" in err
+    assert "Traceback" not in err and not (tmp_path / "o" / "results.json").exists()
+    assert main(["bench", "--out", str(tmp_path / "o"), "--setups", "ddp", "--list"]) == 0  # a known name: quiet
+    assert capsys.readouterr().out.startswith("ddp: ddp, micro batch 4")
+
+
+def test_bad_deepspeed_variant_stops_before_any_launch(tmp_path, capsys):
+    code = main(["bench", "--out", str(tmp_path), "--variant", "z=zero2:zero_optimization.offload_optimizer.device=gpu"])
+    assert code == 2
+    assert "z: " in capsys.readouterr().err and not (tmp_path / "results.json").exists()
+
+
+def test_steps_must_exceed_warmup():
+    with pytest.raises(ConfigError, match="no timed step"):
+        resolve_defaults(Options(steps=3, warmup=3), gpus=0)
+    assert resolve_defaults(Options(steps=4, warmup=3), gpus=0).model == "tiny"  # CPU defaults
+
+
+def test_named_setups_and_groups():
+    names = named_setups()
+    assert len(names) == 18 and names["zero2+gc"].micro_batch == 8 and names["zero2+gc"].gradient_checkpointing
+    assert names["ds_auto_zero3"].deepspeed["zero_optimization"]["reduce_bucket_size"] == "auto"
+    assert names["ds_auto_zero2"].deepspeed["scheduler"]["type"] == "WarmupLR"
+    assert names["zero3"].deepspeed["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # the shipped preset
+    assert [s.name for s in select(["gc"], [], 2)] == [n for n in names if n.endswith("+gc")]
+    assert "fsdp" in default_names(2) and "fsdp" not in default_names(1)
+    assert [s.name for s in select(None, ["v=zero3"], 2)] == ["v"]  # variants alone unless --setups adds more
+
+
+def test_variant_parsing():
+    known = named_setups()
+    v = parse_variant("z3=zero3+gc:zero_optimization.reduce_bucket_size=1e9,zero_optimization.stage3_max_live_parameters=null,"
+                      "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:128,mbs=2,args.optim=adamw_torch", known)
+    zero = v.deepspeed["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 1_000_000_000 and isinstance(zero["reduce_bucket_size"], int)
+    assert "stage3_max_live_parameters" not in zero
+    assert v.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128"}
+    assert v.micro_batch == 2 and v.gradient_checkpointing and v.args == {"optim": "adamw_torch"}
+    assert known["zero3+gc"].deepspeed["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # base untouched
+    with pytest.raises(ConfigError) as e:
+        parse_variant("d=ddp:mbs=0,zero_optimization.stage=2,oops", known)
+    assert len(e.value.problems) == 2
+    assert parse_variant("z=zero3:optimizer.params.betas=[0.9,0.95]", known).deepspeed["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
+                       ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
+                       ("z=zero3:=5", "not key=value")):
+        with pytest.raises(ConfigError, match=words):
+            parse_variant(bad, known)
+
+
+def test_compare_weights_fires_on_any_difference():
+    expected = {"a": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "b": torch.ones(3)}
+    assert compare_weights({k: v.clone() for k, v in expected.items()}, expected) == []
+    changed = {"a": expected["a"].clone(), "b": expected["b"].clone()}
+    changed["b"][1] = 1.0000001
+    assert compare_weights(changed, expected)[0].startswith("b: max abs diff")
+    problems = compare_weights({"a": expected["a"].float()}, expected)
+    assert any("b: missing" in p for p in problems) and any("a: saved torch.float32" in p for p in problems)
+
+
+def test_engine_problem():
+    assert engine_problem("deepspeed", "DeepSpeedEngine", 2) is None
+    assert engine_problem("ddp", "DistributedDataParallel", 2) is None and engine_problem("ddp", "LlamaForCausalLM", 1) is None
+    assert engine_problem("fsdp", "FSDPLlamaForCausalLM", 2) is None
+    assert "not a DeepSpeedEngine" in engine_problem("deepspeed", "DistributedDataParallel", 2)
+    assert "not FSDP" in engine_problem("fsdp", "DistributedDataParallel", 2)
+    assert "not DistributedDataParallel" in engine_problem("ddp", "LlamaForCausalLM", 2)
+
+
+def test_child_env_fixes_cuda_arch_suffix(monkeypatch):
+    setup = named_setups()["zero2"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    env, changed = child_env(setup, on_gpu=True, nproc=2)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and changed["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
+    assert "ACCELERATE_USE_CPU" not in env  # the caller's launcher leftovers never reach the workers
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    env, changed = child_env(setup, on_gpu=True, nproc=2)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "9.0" and "TORCH_CUDA_ARCH_LIST" not in changed
+
+
+def test_error_line_skips_the_launcher_wrapper():
+    log = ("[rank0]: Traceback (most recent call last):\n[rank0]:     raise RuntimeError(problem)\n"
+           "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert _error_line(log).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert _error_line("just a last line\n") == "just a last line"
+
+
+def _gpu_row(name, tokens, peak, gc=False, **extra):
+    base = name.removesuffix("+gc")
+    return {"name": name, "base": base, "kind": "ddp" if base == "ddp" else "fsdp" if base == "fsdp" else "deepspeed",
+            "micro_batch": 8 if gc else 4, "gradient_checkpointing": gc, "status": "ok", "tokens_per_s": tokens,
+            "tflops_per_gpu": 1.0, "memory": {"kind": "cuda", "peak_gib": peak, "peak_reserved_gib": peak + 1}, **extra}
+
+
+def _gpu_data(zero2_tokens, zero2_peak, save_seconds=4.0, reload_equal=True, planner_error=0.05):
+    planner = {"predicted_gib": 20.0, "measured_gib": 21.0, "error": planner_error, "within_tolerance": abs(planner_error) <= 0.15}
+    save = {"seconds": save_seconds, "bytes": 2.69e9, "reload_equal": reload_equal,
+            "problems": [] if reload_equal else ["model.norm.weight: max abs diff 0.5"]}
+    rows = [_gpu_row("ddp", 53400, 34.8), _gpu_row("fsdp", 38400, 17.9),
+            _gpu_row("zero2", zero2_tokens, zero2_peak, planner=planner),
+            _gpu_row("zero3", 40000, 19.0, save=save)]
+    return {"model": {"name": "1.35b", "params": 1.35e9}, "fingerprint": {"nproc": 2, "seq": 1024, "steps": 20, "warmup": 5},
+            "device": {"type": "cuda", "name": "NVIDIA H200"}, "results": rows, "runs": []}
+
+
+def _targets(data):
+    return {t.split(" ")[0]: (status, detail) for t, status, detail in report.evaluate_targets(data)}
+
+
+def test_targets_pass_and_fail():
+    good = _targets(_gpu_data(zero2_tokens=51000, zero2_peak=20.7))
+    assert good["zero2"][0] == "PASS" and good["zero3"][0] == "PASS" and good["zero3:"][0] == "PASS"
+    assert good["planner"][0] == "PASS" and good["zero2+gc"][0] == "n/a"
+    slow = _targets(_gpu_data(zero2_tokens=30900, zero2_peak=20.2))  # the HF "auto" buckets' speed
+    assert slow["zero2"] == ("FAIL", "speed 58%, memory 58%")
+    big = _targets(_gpu_data(zero2_tokens=51000, zero2_peak=30.0, save_seconds=5.2, reload_equal=False, planner_error=-0.2))
+    assert big["zero2"][0] == "FAIL" and big["zero3:"][0] == "FAIL" and "DIFFERS" in big["zero3:"][1]
+    assert big["planner"][0] == "FAIL" and "zero2 -20%" in big["planner"][1]
+    md = report.render_markdown(_gpu_data(zero2_tokens=51000, zero2_peak=20.7))
+    assert "| zero2 | 4 |  | 51,000 | 96% | 133% |" in md and "CPU run" not in md
+
+
+def test_planner_row_compares_only_gpu_memory():
+    from hf_zero.bench.model import build_config, resolve_model
+    from hf_zero.planner import ModelShape
+
+    shape = ModelShape.from_config(build_config(resolve_model("tiny")[1]))
+    opts = Options(nproc=2, seq=32)
+    setups = named_setups()
+    predicted = planner_row(setups["zero2"], shape, opts, None)["predicted_gib"]
+    near = planner_row(setups["zero2"], shape, opts, {"kind": "cuda", "peak_gib": predicted * 1.1})
+    far = planner_row(setups["zero2"], shape, opts, {"kind": "cuda", "peak_gib": predicted * 1.3})
+    assert near["within_tolerance"] and not far["within_tolerance"]
+    assert "not comparable" in planner_row(setups["zero2"], shape, opts, {"kind": "rss", "peak_gib": 0.5})["note"]
+    assert planner_row(setups["fsdp"], shape, opts, None)["setup"] is None
+    auto = planner_row(setups["ds_auto_zero2"], shape, opts, None)
+    assert auto["bucket"] == shape.hidden ** 2  # "auto" buckets as the Trainer fills them
