@@ -119,6 +119,17 @@ def test_unknown_setup_is_one_message_and_exit_2(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("ddp: ddp, micro batch 4")
 
 
+@pytest.mark.multiproc
+def test_hung_setup_is_killed_at_the_timeout(tmp_path, capsys):
+    # 2 s is far less than a launch needs to import torch: the timeout fires, and every rank goes with it
+    assert main(["bench", "--out", str(tmp_path), "--setups", "ddp", "--nproc", "1", "--setup-timeout", "2"]) == 1
+    row = json.loads((tmp_path / "results.json").read_text())["results"][0]
+    assert row["status"] == "timeout" and "--setup-timeout" in row["error"] and row["wall_s"] < 30
+    assert "[1/1] ddp: TIMEOUT" in capsys.readouterr().out
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout
+    assert left == "", f"ranks left running: {left}"
+
+
 def test_bad_deepspeed_variant_stops_before_any_launch(tmp_path, capsys):
     code = main(["bench", "--out", str(tmp_path), "--variant", "z=zero2:zero_optimization.offload_optimizer.device=gpu"])
     assert code == 2

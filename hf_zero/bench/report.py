@@ -132,7 +132,12 @@ def render_markdown(data: dict) -> str:
              f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps. "
              "% DDP / % FSDP compare with the DDP / FSDP row of the same gradient-checkpointing setting. "
              "TFLOP/s are model FLOPs (6N + 12 L h seq per token, no recompute). Peak memory is the maximum over "
-             "ranks, reset after the model and engine were built.", ""]
+             "ranks, reset after the model and engine were built.", "",
+             "Setups: `ddp` is the Trainer's DDP (find_unused_parameters off), `fsdp` the Trainer's "
+             "`fsdp=\"full_shard auto_wrap\"`, `ds_auto_zero2/3` the ZeRO-2/3 configs of the transformers DeepSpeed "
+             "docs with `\"auto\"` buckets (their offload blocks left out), the others hf_zero's presets "
+             "(recipes/*.json); `+gc` is micro batch 8 with gradient checkpointing, the rest micro batch 4. "
+             "ZeRO-3 setups time `trainer.save_model` (16-bit gather) and reload the file against the engine's weights.", ""]
     if device.get("type") != "cuda":
         lines += ["**CPU run**: a tiny model that tests the harness; its speeds and memory say nothing about GPUs, "
                   "and the targets below are defined for 2x H200.", ""]
@@ -188,6 +193,7 @@ def plot(data: dict, path) -> None:
 def write_reports(data: dict, out) -> list:
     """Write results.md and bench.png next to the JSON; returns the files written."""
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(render_markdown(data))
     try:
         import matplotlib  # noqa: F401  (an optional extra: a GPU image may lack it)

@@ -152,12 +152,13 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
         log.write("$ " + shlex.join(cmd) + "\n")
         log.flush()
         # its own session, so a hung launch is ended with all its ranks and nothing else
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_term_with_parent)
         try:
             code = proc.wait(timeout=opts.setup_timeout)
         except subprocess.TimeoutExpired:
             code = None
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or SIGTERM from a time limit (see _exit_on_sigterm): no orphaned ranks
             _kill(proc)
             raise
         if code is None:
@@ -183,17 +184,36 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     return row
 
 
+def _term_with_parent() -> None:
+    """In the launcher: SIGTERM when this process dies, even by SIGKILL (a runner's time limit), so torchrun
+    stops its ranks instead of leaving them on the GPUs (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the SIGTERM handler and the timeout still apply
+        pass
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def _kill(proc) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop a launch and every rank it started (they share its session's process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # torchrun passes it on to its ranks
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # any rank that outlived its launcher, or a launcher that hangs
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) -> dict:
@@ -250,8 +270,20 @@ def _check_configs(setups, on_gpu: bool, nproc: int) -> None:
         raise ConfigError(problems)
 
 
-def run_bench(opts: Options, progress=print) -> int:
+def _print(message: str) -> None:
+    print(message, flush=True)  # a sweep cut short by a time limit still shows how far it got
+
+
+def run_bench(opts: Options, progress=_print) -> int:
     """The sweep. 0 when every setup that ran measured; 1 when any failed (the results are written anyway)."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the running setup's ranks are stopped with us
+    try:
+        return _sweep(opts, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sweep(opts: Options, progress) -> int:
     gpus = _gpu_count()
     on_gpu = gpus > 0
     opts = resolve_defaults(opts, gpus)

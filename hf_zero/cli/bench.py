@@ -14,7 +14,7 @@ def add_parser(subparsers):
                     "bench.png. On GPUs: a Llama-like 1.35B model, seq 1024, bf16; without a GPU: a tiny model, "
                     "so CI tests the harness. Results merge into an existing OUT/results.json of the same model, "
                     "nproc, seq and steps.")
-    p.add_argument("--out", default="bench_out", help="output folder (default: bench_out)")
+    p.add_argument("--out", help="output folder (default: bench_out; with --report: the JSON's folder)")
     p.add_argument("--setups", type=lambda s: [x for x in s.split(",") if x],
                    help=f"comma-separated setup names or groups ({', '.join(GROUPS)}); default: all for this nproc "
                         "(none when --variant is given); --list shows them")
@@ -60,7 +60,7 @@ def run(args) -> int:
         from ..bench.report import load, write_reports
 
         path = Path(args.report)
-        written = write_reports(load(path), args.out if args.out != "bench_out" else path.parent)
+        written = write_reports(load(path), args.out or path.parent)
         print("wrote " + ", ".join(map(str, written)))
         return 0
     from ..bench.run import Options, run_bench
@@ -69,7 +69,7 @@ def run(args) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag} must be a positive integer, got {value}")
-    opts = Options(out=args.out, setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
+    opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved)
     if args.list:
