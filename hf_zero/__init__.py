@@ -18,6 +18,7 @@ from .presets import accelerate_config_path, load_config, preset_descriptions, r
 from .resume import convert_to_universal, prepare_resume
 from .saving import gathered_params, gathered_state_dict, saved_model_problems
 from .training_args import TrainingArguments
+from . import lora  # LoRA/PEFT under ZeRO-3: hf_zero.lora.save_adapter, merge_and_save
 
 __version__ = "0.1.0"
 
