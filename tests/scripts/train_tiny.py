@@ -126,6 +126,7 @@ def main():
     p.add_argument("--callback-in-list", action="store_true", help="Trainer(callbacks=[ZeroCallback()]) instead of attach")
     p.add_argument("--nvme-path", default=None)
     p.add_argument("--resume", default=None, help="'last' (hf_zero.prepare_resume finds it) or a checkpoint folder")
+    p.add_argument("--plain-resume", default=None, help="trainer.train(resume_from_checkpoint=PATH), without hf_zero")
     p.add_argument("--save-total-limit", type=int, default=None)
     p.add_argument("--kill-during-save", type=int, default=None, metavar="STEP",
                    help="rank 1 writes half of its optimizer shard at STEP's save, then SIGKILLs itself")
@@ -157,7 +158,7 @@ def main():
     trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
     if opts.kill_during_save is not None and os.environ.get("RANK") == "1":
         kill_midway_through_save(opts.kill_during_save)
-    resume = None
+    resume = opts.plain_resume
     if opts.resume:
         resume = hf_zero.prepare_resume(trainer, True if opts.resume == "last" else opts.resume)
     trainer.train(resume_from_checkpoint=resume)
