@@ -125,7 +125,6 @@ def table(data: dict) -> str:
 def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
-    run = data["runs"][-1] if data.get("runs") else {}
     v = data.get("versions") or {}
     lines = [f"# hf-zero bench: {model['name']} ({params_text(model['params'])} parameters)", "",
              f"{fp.get('nproc')} x {device.get('name', '?')}, sequence {fp.get('seq')}, bf16, HF Trainer; "
@@ -144,7 +143,11 @@ def render_markdown(data: dict) -> str:
     lines += [table(data), "", "## Targets (from the issue, for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
     lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
     lines += ["", "## How this was made", "",
-              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".", ""]
+              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
+    changed = {k: val for r in data["results"] for k, val in (r.get("env_changed") or {}).items()}
+    if changed:
+        lines.append("Environment the harness set for the workers: " + ", ".join(f"`{k}={val}`" for k, val in changed.items()) + ".")
+    lines.append("")
     lines += [f"- `{r['command']}` ({r['date']}, {len(r['setups'])} setup(s))" for r in data.get("runs", [])]
     return "\n".join(lines) + "\n"
 
