@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 NPROC ?= 2
 
-.PHONY: demo test test-nvme test-fast test-multiproc clean
+.PHONY: demo test test-long test-nvme test-fast test-multiproc bench clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -31,7 +31,12 @@ demo: $(VENV)/.demo
 	$(PY) -m hf_zero.finetune.demo --nproc $(NPROC)
 
 test: $(VENV)/.demo
-	$(PY) -m pytest -q -m "not nvme" --durations=10
+	$(PY) -m pytest -q -m "not nvme and not long" --durations=10
+
+# The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
+# launcher variants: minutes more than make test; .ci/run runs it after make test
+test-long: $(VENV)/.demo
+	$(PY) -m pytest -q -m "long" --durations=10
 
 # ZeRO-Infinity on a local folder: needs libaio-dev, and builds the async_io op (~3 min the first time)
 test-nvme: $(VENV)/.installed
@@ -43,5 +48,9 @@ test-fast: $(VENV)/.installed
 test-multiproc: $(VENV)/.installed
 	$(PY) -m pytest -q -m multiproc
 
+# DDP, FSDP, HF "auto" DeepSpeed configs and every preset side by side (a 1.35B model on GPUs, a tiny one on CPU)
+bench: $(VENV)/.installed
+	$(PY) -m hf_zero bench --out bench_out
+
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache
+	rm -rf $(VENV) demo_out bench_out .pytest_cache

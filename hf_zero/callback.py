@@ -15,6 +15,7 @@ from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
 from .presets import get_dotted
+from .rules import drop_gpu_only_settings
 from .saving import saved_model_problems
 
 logger = logging.getLogger("hf_zero")
@@ -134,6 +135,9 @@ class ZeroCallback(TrainerCallback):
             return
         if args.world_size != world_size():
             raise ConfigError(_training_alone(args.world_size, world_size(), "the Trainer"))
+        if not has_gpu():
+            for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
+                self._warn(note)
         for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))

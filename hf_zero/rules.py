@@ -129,7 +129,34 @@ def _saves(context):
     return []
 
 
-RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves)
+LEAF_THRESHOLD = "stage3_module_granularity_threshold"
+
+
+def _leaf_modules(context):
+    threshold = context.zero.get(LEAF_THRESHOLD, 0)
+    if context.on_cpu and context.zero.get("stage") == 3 and isinstance(threshold, (int, float)) and threshold > 0:
+        return [Finding("leaf-modules-on-cpu", "warning",
+                        f"zero_optimization.{LEAF_THRESHOLD} > 0 on CPU: DeepSpeed's leaf-module path calls "
+                        "record_stream, which CPU tensors lack (RuntimeError: unknown parameter type at the first "
+                        "optimizer step).",
+                        f"nothing under hf_zero.TrainingArguments or ZeroCallback, which set it to 0 on CPU; a plain "
+                        f"Trainer run needs {LEAF_THRESHOLD} set to 0 (hf-zero check --fix does it).",
+                        key=f"zero_optimization.{LEAF_THRESHOLD}")]
+    return []
+
+
+def drop_gpu_only_settings(config: dict) -> list:
+    """Turn off, in place, what only works on GPUs; returns a note per change (for the run's log).
+
+    The presets carry the leaf-module threshold tuned on 2x H200; on CPU it crashes DeepSpeed."""
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict) and isinstance(zero.get(LEAF_THRESHOLD), (int, float)) and zero[LEAF_THRESHOLD] > 0:
+        zero[LEAF_THRESHOLD] = 0
+        return [f"{LEAF_THRESHOLD} set to 0: DeepSpeed's leaf-module fast path works only on GPUs"]
+    return []
+
+
+RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules)
 
 
 def config_findings(context: CheckContext) -> list:
@@ -157,6 +184,8 @@ def fix_config(config: dict, findings) -> dict:
             fixed[key] = "auto"
     if codes & {"fp16-on-cpu", "fp16-and-bf16"} and isinstance(fixed.get("fp16"), dict):
         fixed["fp16"]["enabled"] = "auto"
+    if "leaf-modules-on-cpu" in codes:
+        drop_gpu_only_settings(fixed)
     if "zero3-no-gather" in codes:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return fixed

@@ -9,6 +9,7 @@ from .config import check_config
 from .distributed import has_gpu, init_distributed, world_size
 from .errors import ConfigError
 from .presets import load_config
+from .rules import drop_gpu_only_settings
 
 
 def accelerate_deepspeed_file():
@@ -44,6 +45,8 @@ class TrainingArguments(transformers.TrainingArguments):
             if on_cpu and self.fp16:
                 raise ConfigError("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
                                   "Fix: use --bf16 (or no mixed precision) on CPU machines.")
+            if on_cpu:
+                drop_gpu_only_settings(config)
             check_config(config, on_cpu=on_cpu, world_size=world_size(),
                          source=source if isinstance(source, str) else None)
             if on_cpu:

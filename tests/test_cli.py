@@ -32,7 +32,7 @@ def test_recipes_writes_nvme_config_and_accelerate_yaml(tmp_path, capsys):
 
 
 def test_check_preset_clean(capsys):
-    assert main(["check", "zero3", "--cpu"]) == 0
+    assert main(["check", "zero2", "--cpu"]) == 0
     assert "OK" in capsys.readouterr().out
 
 

@@ -13,11 +13,27 @@ def codes(config, **kwargs):
 
 @pytest.fixture
 def good():
-    return hf_zero.load_config("zero3")
+    """The zero3 preset as a CPU run gets it (hf_zero drops its GPU-only leaf-module threshold there)."""
+    from hf_zero.rules import drop_gpu_only_settings
+
+    config = hf_zero.load_config("zero3")
+    drop_gpu_only_settings(config)
+    return config
 
 
 def test_quiet_on_a_preset(good):
     assert codes(good, on_cpu=True) == []
+    assert codes(hf_zero.load_config("zero3"), on_cpu=False) == []
+
+
+def test_leaf_modules_on_cpu_fire_and_are_dropped_for_cpu_runs():
+    """The zero3 preset's leaf-module threshold (tuned on H200s) crashes DeepSpeed on CPU."""
+    from hf_zero.rules import drop_gpu_only_settings
+
+    raw = hf_zero.load_config("zero3")
+    assert codes(raw, on_cpu=True) == ["leaf-modules-on-cpu"]
+    assert drop_gpu_only_settings(raw) and raw["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    assert codes(raw, on_cpu=True) == [] and drop_gpu_only_settings(raw) == []
 
 
 def test_top_level_key_deepspeed_ignores(good):

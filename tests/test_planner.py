@@ -95,3 +95,19 @@ def test_bad_model_exit_2(tmp_path, capsys, argv, message):
     config.write_text(json.dumps({"hidden_size": 8}))
     assert main([a.replace("{config}", str(config)) for a in argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_write_scales_the_zero3_leaf_threshold_to_the_model(tmp_path, capsys):
+    """The benchmark's winning stage3_module_granularity_threshold (5e6 on the 1.35B model: one fetch per
+    decoder layer) is written scaled to the planned model's layer size."""
+    from hf_zero.cli.plan import leaf_threshold
+
+    config, ds = tmp_path / "config.json", tmp_path / "ds.json"
+    LLAMA_1B.to_json_file(config)
+    assert main(["plan", str(config), "--gpus", "8", "--gpu-mem", "7.5", "--write", str(ds)]) == 0
+    written = json.loads(ds.read_text())["zero_optimization"]
+    assert written["stage"] == 3, capsys.readouterr().out
+    assert 4.5e6 < written["stage3_module_granularity_threshold"] < 5.5e6  # the measured 5e6
+    # an 8B layer holds 4.3x the parameters of a 1.35B one
+    ratio = leaf_threshold(ModelShape.from_config(LLAMA_8B)) / written["stage3_module_granularity_threshold"]
+    assert 4 < ratio < 4.6
