@@ -150,6 +150,11 @@ def checkpoint_problems(folder, *, trust: bool = False) -> list:
         raise ConfigError(f"{folder} holds neither a ZeRO checkpoint (global_step*/ with model/optimizer states) nor "
                           "model weights (model.safetensors): it is not a checkpoint or model folder.")
     problems = training_state_problems(folder, trust=trust)
+    if zero is not None and not problems and not trust:
+        from .safe_load import check_checkpoint
+
+        # complete, so someone may load it: refuse (UnsafeCheckpointError) a pickle that would run code
+        check_checkpoint(folder)
     if has_weights:
         model = _model_from_config(folder) if (folder / "config.json").exists() else None
         problems += saved_model_problems(folder, model)

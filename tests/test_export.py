@@ -146,3 +146,19 @@ def test_verify_bad_input_is_one_message_exit_2(tmp_path):
     for target in (tmp_path / "missing", tmp_path):
         proc = hf_zero_cli("verify", target)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr and "hf-zero verify: error:" in proc.stderr
+
+
+@pytest.mark.parametrize("pattern", ["*model_states.pt", "*optim_states.pt"])
+def test_export_and_verify_refuse_a_shard_that_would_run_code(gather_off_run, tmp_path, pattern):
+    from pickle_bombs import bombed_copy
+
+    marker = tmp_path / "code_ran"
+    bombed, target = bombed_copy(gather_off_run, tmp_path / "checkpoint-2", marker, pattern)
+    for args in (("export", bombed, tmp_path / "out"), ("verify", bombed)):
+        proc = hf_zero_cli(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert target.name in proc.stderr and "would import io.open" in proc.stderr and "--trust-checkpoint" in proc.stderr
+    assert not marker.exists(), "a checkpoint pickle ran code"
+    assert not (tmp_path / "out").exists()
+    # the real shards of the same run pass both
+    assert hf_zero_cli("verify", gather_off_run).returncode == 0
