@@ -31,12 +31,13 @@ demo: $(VENV)/.demo
 	$(PY) -m hf_zero.finetune.demo --nproc $(NPROC)
 
 test: $(VENV)/.demo
-	$(PY) -m pytest -q -m "not nvme and not long" --durations=10
+	$(PY) -m pytest -q -m "not nvme and not long and not slow" --durations=10
 
 # The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
-# launcher variants: minutes more than make test; .ci/run runs it after make test
+# variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build): about 8 minutes
+# more than make test; .ci/run runs it after make test
 test-long: $(VENV)/.demo
-	$(PY) -m pytest -q -m "long" --durations=10
+	$(PY) -m pytest -q -m "long or slow" --durations=10
 
 # ZeRO-Infinity on a local folder: needs libaio-dev, and builds the async_io op (~3 min the first time)
 test-nvme: $(VENV)/.installed
