@@ -155,6 +155,7 @@ def test_merged_model_equals_peft_merge_and_unload(lora_run, tiny_models, tmp_pa
     assert torch.equal(reference["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
 
 
+@pytest.mark.long  # needs its own LoRA run with checkpointing (~20 s); make test-long
 def test_gradient_checkpointing_trains_lora_with_the_same_losses(lora_run, lora_gc_run, tiny_models):
     (_, plain), (out, gc) = lora_run, lora_gc_run
     assert gc["losses"] == pytest.approx(plain["losses"], rel=1e-6)
@@ -162,6 +163,7 @@ def test_gradient_checkpointing_trains_lora_with_the_same_losses(lora_run, lora_
     assert_adapter_equals_trained(tiny_models["llama"], out / "adapter", _expected(out))
 
 
+@pytest.mark.long  # needs its own LoRA run with checkpointing (~20 s); make test-long
 def test_checkpointing_check_fires_only_for_deepspeed_without_the_recompute_fix(lora_run, lora_gc_run):
     # The same real args and PeftModel judged as DeepSpeed 0.19.2 would run them (CheckpointError seen
     # there: saved [64, 64] vs recomputed [0]); the installed DeepSpeed trained quietly above.

@@ -53,6 +53,7 @@ def run_two_nodes(launcher: str, script_args: list, timeout=600):
     return outputs
 
 
+@pytest.mark.long  # two launchers rendezvousing take half a minute each; make test-long
 @pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=pytest.mark.slow)])
 def test_two_nodes_train_save_and_reload_zero3(tiny_models, trained, tmp_path, launcher):
     run_two_nodes(launcher, ["--model", tiny_models["llama"], "--out", tmp_path])
