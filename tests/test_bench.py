@@ -47,6 +47,7 @@ def _row(data, name):
 
 
 @pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
 def test_sweep_measures_ddp_and_zero3(sweep):
     out, proc, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -68,6 +69,7 @@ def test_sweep_measures_ddp_and_zero3(sweep):
 
 
 @pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
 def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     out, proc, data = sweep
     assert proc.returncode == 1, proc.stderr[-3000:]  # a failed setup: results written, exit 1
@@ -80,6 +82,7 @@ def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
 
 
 @pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
 def test_sweep_writes_table_and_chart(sweep, tmp_path):
     out, _, data = sweep
     md = (out / "results.md").read_text()
@@ -96,6 +99,7 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
 def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     out, _, data = sweep
     merged = tmp_path / "merged"

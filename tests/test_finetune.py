@@ -58,6 +58,7 @@ def test_classification_on_the_packaged_model(tmp_path):
     assert "after (reloaded)" in proc.stdout
 
 
+@pytest.mark.long  # make test-long; classification (the demo's path) stays in make test
 def test_causal_lm_on_plain_text(tiny_models, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(SENTENCES * 20))
@@ -70,6 +71,7 @@ def test_causal_lm_on_plain_text(tiny_models, tmp_path):
     assert summary["after_reloaded"]["perplexity"] == pytest.approx(summary["after_in_run"]["perplexity"], rel=0.02)
 
 
+@pytest.mark.long  # make test-long; classification (the demo's path) stays in make test
 def test_chat_data(tiny_models, tmp_path):
     rows = [{"messages": [{"role": "user", "content": "what is two plus two"},
                           {"role": "assistant", "content": "it is four"}]}] * 40
