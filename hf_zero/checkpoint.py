@@ -18,8 +18,6 @@ from .saving import full_shapes, saved_model_problems
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-_OPTIM_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
-_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
 
 
 @dataclass
@@ -94,8 +92,8 @@ def inspect_zero_checkpoint(ckpt: ZeroCheckpoint, *, trust: bool = False) -> Zer
     ckpt.stage = int((record.get("ds_config") or {}).get("zero_optimization", {}).get("stage", 0))
     if ckpt.universal:
         return ckpt  # converted: one folder per parameter, no per-rank files left to count
-    expected = [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ckpt.dp_world_size)
-                for prefix in [_optim_prefix(tag_dir)]]
+    prefix = _optim_prefix(tag_dir)
+    expected = [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ckpt.dp_world_size)]
     if ckpt.stage == 3:
         expected += [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(ckpt.dp_world_size)]
     for name in expected:
