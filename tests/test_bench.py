@@ -16,6 +16,7 @@ import torch
 from conftest import REPO, worker_env
 from hf_zero.bench import report
 from hf_zero.bench.run import Options, _error_line, child_env, planner_row, resolve_defaults
+from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
 from hf_zero.bench.worker import compare_weights, engine_problem
 from hf_zero.cli import main
@@ -24,7 +25,8 @@ from hf_zero.errors import ConfigError
 # A real crash inside one setup's workers (PyTorch's DataLoader rejects -1 workers), which the sweep
 # must record with its error and survive.
 BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
-SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32"]
+SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
+         "--profile-steps", "1"]
 
 
 def _bench(args, tmp_out, timeout=600):
@@ -96,6 +98,25 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
     shutil.copy(out / "results.json", copy)
     assert main(["bench", "--report", str(copy)]) == 0
     assert (tmp_path / "results.md").read_text() == md and (tmp_path / "bench.png").exists()
+
+
+@pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+def test_profiled_step_shows_whose_code_ran(sweep):
+    out, _, data = sweep
+    ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
+    for row in (ddp, zero3):
+        profile = row["profile"]
+        assert profile["steps"] == 1 and profile["step_ms"] > 0
+        # the training thread's step is split among owners, nothing lost and nothing counted twice
+        assert sum(profile["cpu_self_ms"].values()) == pytest.approx(profile["step_ms"], rel=1e-6)
+        assert (out / "traces" / f"{row['name']}.json.gz").stat().st_size > 1000
+        assert len(row["step_times"]) == 5  # the profiled steps are not timed
+    # ZeRO-3's hooks are DeepSpeed Python; DDP runs none of it
+    assert zero3["profile"]["cpu_self_ms"]["deepspeed"] > 1.0
+    assert ddp["profile"]["cpu_self_ms"].get("deepspeed", 0.0) == 0.0
+    assert "Where a step's time goes" in (out / "results.md").read_text()
+    assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.multiproc
@@ -176,6 +197,36 @@ def test_variant_parsing():
                        ("z=zero3:=5", "not key=value")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
+
+
+def _span(cat, name, ts, dur, tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+def test_profile_counts_exposed_communication():
+    # one 100 us step: compute 0-40 and 60-80, NCCL 30-70 (hidden 30-40 and 60-70, exposed 40-60), idle 80-100
+    events = [_span("user_annotation", "ProfilerStep#9", 0, 100), _span("cpu_op", "aten::mm", 0, 5),
+              _span("kernel", "sm90_gemm", 0, 40, tid=7), _span("kernel", "flash_fwd", 60, 20, tid=7),
+              _span("kernel", "ncclDevKernel_AllGather_RING", 30, 40, tid=20)]
+    p = summarize(events, steps=1)
+    assert p["step_ms"] == pytest.approx(0.1) and p["compute_ms"] == pytest.approx(0.06)
+    assert p["comm_ms"] == pytest.approx(0.04) and p["exposed_comm_ms"] == pytest.approx(0.02)
+    assert p["idle_ms"] == pytest.approx(0.02)
+    assert p["top_kernels"][0]["name"] == "sm90_gemm" and p["top_kernels"][1]["communication"]
+    # the same communication fully under compute is not exposed
+    hidden = [e for e in events if "nccl" not in e["name"]] + [_span("kernel", "ncclDevKernel_AllGather", 5, 30, tid=20)]
+    assert summarize(hidden, steps=1)["exposed_comm_ms"] == 0.0
+
+
+def test_self_time_goes_to_the_innermost_frame():
+    events = [_span("user_annotation", "ProfilerStep#3", 0, 100),
+              _span("python_function", "transformers/trainer.py(1): training_step", 0, 100),
+              _span("python_function", "deepspeed/runtime/zero/parameter_offload.py(9): _pre_forward_hook", 10, 50),
+              _span("python_function", "<built-in function isinstance>", 15, 5),  # the hook's own time
+              _span("cpu_op", "aten::copy_", 30, 10)]
+    own = self_time(events, (0, 100))
+    assert own == {"transformers": pytest.approx(50), "deepspeed": pytest.approx(40), "torch ops": pytest.approx(10)}
+    assert subtract(union([(0, 10), (20, 30)]), union([(5, 25)])) == [[0, 5], [25, 30]]
 
 
 def test_compare_weights_fires_on_any_difference():

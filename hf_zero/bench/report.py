@@ -122,6 +122,51 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_table(data: dict) -> str:
+    rows = [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
+    if not rows:
+        return ""
+    lines = ["| setup | timed step ms | profiled step ms | compute | comm | exposed comm | GPU idle | CPU waits on GPU "
+             "| training thread: own time ms | top kernel |", "|" + "---|" * 10]
+    for row in rows:
+        p = row["profile"]
+        python = ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["cpu_self_ms"].items(), key=lambda kv: -kv[1]) if v >= 0.1)
+        top = p["top_kernels"][0] if p["top_kernels"] else None
+        lines.append("| " + " | ".join([
+            row["name"], f"{row['median_step_s'] * 1000:.1f}", f"{p['step_ms']:.1f}", f"{p['compute_ms']:.1f}",
+            f"{p['comm_ms']:.1f}", f"{p['exposed_comm_ms']:.1f}", f"{p['idle_ms']:.1f}", f"{p['cpu_sync_ms']:.1f}",
+            python, f"{top['name'][:40]} ({top['ms_per_step']:.1f})".replace("|", "/") if top else ""]) + " |")
+    return "\n".join(lines)
+
+
+def plot_profile(data: dict, path) -> bool:
+    """Stacked bars per profiled setup: overlapped compute, exposed communication, GPU idle. False if none."""
+    rows = [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in rows]
+    compute = [r["profile"]["compute_ms"] for r in rows]
+    exposed = [r["profile"]["exposed_comm_ms"] for r in rows]
+    idle = [r["profile"]["idle_ms"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 5))
+    ax.bar(names, compute, label="compute kernels", color="tab:blue")
+    ax.bar(names, exposed, bottom=compute, label="exposed communication", color="tab:red")
+    ax.bar(names, idle, bottom=[a + b for a, b in zip(compute, exposed)], label="GPU idle", color="tab:gray")
+    ax.set_ylabel("ms per step (rank 0, profiled)")
+    ax.set_title(f"{data['model']['name']}: where a step's time goes")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
@@ -142,6 +187,14 @@ def render_markdown(data: dict) -> str:
                   "and the targets below are defined for 2x H200.", ""]
     lines += [table(data), "", "## Targets (from the issue, for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
     lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
+    profiled = profile_table(data)
+    if profiled:
+        lines += ["", "## Where a step's time goes (rank 0, torch.profiler)", "",
+                  "Milliseconds per step, from steps profiled after the timed ones (Python tracing on, so the "
+                  "profiled step is slower than the timed median). *exposed comm* is NCCL time with no compute "
+                  "kernel running; *GPU idle* is the step with no kernel at all; *own time* splits the training "
+                  "thread's step among the code running at each moment: each framework's own Python (hooks "
+                  "included), and *torch ops* for time inside operators (their C++ work and kernel launches).", "", profiled]
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
     changed = {k: val for r in data["results"] for k, val in (r.get("env_changed") or {}).items()}
@@ -203,4 +256,7 @@ def write_reports(data: dict, out) -> list:
     except ImportError:
         return [out / "results.md"]  # the JSON keeps everything: --report re-renders the chart elsewhere
     plot(data, out / "bench.png")
-    return [out / "results.md", out / "bench.png"]
+    written = [out / "results.md", out / "bench.png"]
+    if plot_profile(data, out / "profile.png"):
+        written.append(out / "profile.png")
+    return written

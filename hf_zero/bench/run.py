@@ -46,6 +46,7 @@ class Options:
     max_minutes: float | None = None
     setup_timeout: float = 900.0
     keep_saved: bool = False
+    profile_steps: int = 0  # > 0: profile this many steps after the timed ones (traces in OUT/traces/)
 
 
 def _gpu_count() -> int:
@@ -95,6 +96,8 @@ def command_line(opts: Options) -> str:
         parts += ["--setups", ",".join(opts.setups)]
     for spec in opts.variants:
         parts += ["--variant", spec]
+    if opts.profile_steps:
+        parts += ["--profile-steps", str(opts.profile_steps)]
     return shlex.join(parts)
 
 
@@ -141,7 +144,10 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     log_path = out / "logs" / f"{setup.name}.log"
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
             "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
-            "workdir": str(work), "result": str(work / "result.json")}
+            "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
+            "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve())}
+    if opts.profile_steps:
+        (out / "traces").mkdir(exist_ok=True)
     (work / "spec.json").write_text(json.dumps(spec, indent=1))
     env, changed = child_env(setup, on_gpu, opts.nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
@@ -343,7 +349,7 @@ def _sweep(opts: Options, progress) -> int:
         progress(f"{head}: {_summary(row)}")
     path.write_text(json.dumps(data, indent=1) + "\n")
     written = write_reports(data, out)
-    missing = "" if len(written) == 2 else " (no bench.png: matplotlib is not installed; re-render with --report)"
+    missing = "" if len(written) >= 2 else " (no bench.png: matplotlib is not installed; re-render with --report)"
     progress(f"wrote {', '.join(map(str, [path, *written]))}{missing}")
     return 1 if failed else 0
 

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
 from hf_zero.bench.model import build_config
+from hf_zero.bench.profile import StepProfiler, load_trace, summarize
 from hf_zero.distributed import has_gpu
 
 GIB = 1024**3
@@ -150,12 +151,18 @@ def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
     return result
 
 
+def total_steps(spec: dict) -> int:
+    """The timed steps, then (when profiling) one profiler warm-up step and the profiled ones."""
+    profiled = spec.get("profile_steps", 0)
+    return spec["steps"] + (1 + profiled if profiled else 0)
+
+
 def build_args(spec: dict, setup: dict):
     on_gpu = has_gpu()
     gc = setup["gradient_checkpointing"]
     kwargs = dict(
         output_dir=str(Path(spec["workdir"]) / "trainer"), per_device_train_batch_size=setup["micro_batch"],
-        gradient_accumulation_steps=1, max_steps=spec["steps"], learning_rate=1e-4,
+        gradient_accumulation_steps=1, max_steps=total_steps(spec), learning_rate=1e-4,
         # one warm-up step: transformers 5.17 fills the HF-docs WarmupLR with 0 steps, which DeepSpeed 0.19.8 rejects
         warmup_steps=1, lr_scheduler_type="constant_with_warmup", logging_steps=spec["steps"],
         save_strategy="no", report_to=[], disable_tqdm=True, bf16=True, seed=0, dataloader_drop_last=True,
@@ -205,11 +212,16 @@ def main(argv=None):
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size
-    data = RandomTokens(model.config.vocab_size, spec["seq"], spec["steps"] * setup["micro_batch"] * world)
+    data = RandomTokens(model.config.vocab_size, spec["seq"], total_steps(spec) * setup["micro_batch"] * world)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     callback = hf_zero.attach(trainer, log_memory=False) if setup["kind"] == "deepspeed" else None
     timer = StepTimer()
     trainer.add_callback(timer)
+    profiler = None
+    if spec.get("profile_steps") and args.process_index == 0:
+        # after the timer, so its synchronize ends each profiled step's GPU work inside the step
+        profiler = StepProfiler(spec["trace"], after=spec["steps"], active=spec["profile_steps"])
+        trainer.add_callback(profiler)
     model_ready = time.perf_counter() - started
     trainer.train()
 
@@ -223,7 +235,7 @@ def main(argv=None):
         save = _save_and_check(trainer, Path(spec["workdir"]) / "saved", spec.get("keep_saved", False))
 
     if trainer.is_world_process_zero():
-        steady = timer.times[spec["warmup"]:]
+        steady = timer.times[spec["warmup"]:spec["steps"]]  # the profiled steps are slower: never timed
         median = statistics.median(steady)
         tokens_per_step = setup["micro_batch"] * spec["seq"] * world
         train_mem = [r["train"] for r in per_rank]
@@ -233,7 +245,7 @@ def main(argv=None):
             "device": {"type": "cuda" if has_gpu() else "cpu",
                        "name": torch.cuda.get_device_name() if has_gpu() else "cpu",
                        "count": torch.cuda.device_count() if has_gpu() else os.cpu_count()},
-            "step_times": timer.times, "median_step_s": median, "tokens_per_step": tokens_per_step,
+            "step_times": timer.times[:spec["steps"]], "median_step_s": median, "tokens_per_step": tokens_per_step,
             "tokens_per_s": tokens_per_step / median,
             "memory": {"kind": "cuda" if key == "alloc_gib" else "rss", "per_rank": per_rank,
                        "peak_gib": max(m[key] for m in train_mem),
@@ -241,6 +253,9 @@ def main(argv=None):
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
         }
+        if profiler is not None:
+            result["profile"] = summarize(load_trace(spec["trace"]), spec["profile_steps"]) if profiler.done else {
+                "error": "the profiler wrote no trace"}
         Path(spec["result"]).write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
 

@@ -32,6 +32,10 @@ def add_parser(subparsers):
     p.add_argument("--max-minutes", type=float, help="start no new setup after this many minutes (then --resume)")
     p.add_argument("--setup-timeout", type=float, default=900.0, help="seconds before a setup is killed (default 900)")
     p.add_argument("--keep-saved", action="store_true", help="keep each setup's work folder and saved model")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile N more (torch.profiler with Python tracing): compute, "
+                        "communication, exposed communication, idle GPU and hook time per step in results.md; "
+                        "rank 0's trace in OUT/traces/ (open in Perfetto)")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
     p.set_defaults(run=run)
@@ -65,13 +69,16 @@ def run(args) -> int:
         return 0
     from ..bench.run import Options, run_bench
 
+    if args.profile_steps < 0:
+        raise ConfigError(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
     for flag in ("nproc", "steps", "seq"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag} must be a positive integer, got {value}")
     opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
-                   max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved)
+                   max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
+                   profile_steps=args.profile_steps)
     if args.list:
         return _list(opts)
     return run_bench(opts)
