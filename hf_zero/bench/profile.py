@@ -24,36 +24,62 @@ _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
 
 
 class StepProfiler(TrainerCallback):
-    """Profile ``active`` steps that start after step ``after`` (one profiler warm-up step in between)."""
+    """Profile ``active`` steps that start after step ``after`` (one profiler warm-up step in between), twice:
+    first the GPU timeline alone (``trace_path``), then with Python tracing (``python_trace_path``), which
+    names the code on the training thread but roughly doubles a hook-heavy step, so its timings never
+    enter the GPU numbers."""
 
-    def __init__(self, trace_path, after: int, active: int):
-        self.trace_path, self.after, self.active = Path(trace_path), after, active
-        self.profiler = None
-        self.done = False
+    def __init__(self, trace_path, python_trace_path, after: int, active: int):
+        self.paths = [Path(trace_path), Path(python_trace_path)]
+        self.after, self.active = after, active
+        self.profiler, self.phase, self.written = None, 0, []
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    @staticmethod
+    def extra_steps(active: int) -> int:
+        return 2 * (1 + active)  # two phases of one warm-up step and ``active`` profiled ones
+
+    def _start(self):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.profiler = profile(activities=activities, with_stack=True,
-                                schedule=schedule(wait=self.after, warmup=1, active=self.active, repeat=1),
+        wait = self.after if self.phase == 0 else 0
+        self.profiler = profile(activities=activities, with_stack=self.phase == 1,
+                                schedule=schedule(wait=wait, warmup=1, active=self.active, repeat=1),
                                 on_trace_ready=self._write)
         self.profiler.start()
 
     def _write(self, prof):
         # a .gz name makes torch gzip it: a ZeRO-3 step with Python tracing is tens of MB of JSON
-        prof.export_chrome_trace(str(self.trace_path))
-        self.done = True
+        prof.export_chrome_trace(str(self.paths[self.phase]))
+        self.written.append(self.paths[self.phase])
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.profiler is not None:
-            self.profiler.step()
+        if self.profiler is None:
+            return
+        self.profiler.step()
+        if len(self.written) > self.phase:  # this phase's trace is out
+            self.profiler.stop()
+            self.profiler, self.phase = None, self.phase + 1
+            if self.phase < len(self.paths):
+                self._start()
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.profiler is not None:
             self.profiler.stop()
             self.profiler = None
+
+    def summary(self) -> dict:
+        if len(self.written) < 2:
+            return {"error": f"the profiler wrote {len(self.written)} of 2 traces (too few steps?)"}
+        result = summarize(load_trace(self.paths[0]), self.active)
+        traced = summarize(load_trace(self.paths[1]), self.active)
+        result["cpu_self_ms"] = traced["cpu_self_ms"]
+        result["python_traced_step_ms"] = traced["step_ms"]
+        return result
 
 
 def union(intervals) -> list:
@@ -148,7 +174,8 @@ def summarize(events: list, steps: int) -> dict:
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     kernels = [e for e in gpu if e["cat"] == "kernel"]
-    steps_marked = [e for e in spans if e.get("name", "").startswith("ProfilerStep#")]
+    # the CPU-side marks only: the same names come again on the GPU timeline (cat gpu_user_annotation)
+    steps_marked = [e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     if steps_marked:  # the CPU side of the profiled steps: the step as the training loop sees it
         window = (min(e["ts"] for e in steps_marked), max(e["ts"] + e["dur"] for e in steps_marked))
         steps = len(steps_marked)

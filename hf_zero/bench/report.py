@@ -127,7 +127,7 @@ def profile_table(data: dict) -> str:
     if not rows:
         return ""
     lines = ["| setup | timed step ms | profiled step ms | compute | comm | exposed comm | GPU idle | CPU waits on GPU "
-             "| training thread: own time ms | top kernel |", "|" + "---|" * 10]
+             "| traced step ms | training thread, traced: own time ms | top kernel |", "|" + "---|" * 11]
     for row in rows:
         p = row["profile"]
         python = ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["cpu_self_ms"].items(), key=lambda kv: -kv[1]) if v >= 0.1)
@@ -135,7 +135,7 @@ def profile_table(data: dict) -> str:
         lines.append("| " + " | ".join([
             row["name"], f"{row['median_step_s'] * 1000:.1f}", f"{p['step_ms']:.1f}", f"{p['compute_ms']:.1f}",
             f"{p['comm_ms']:.1f}", f"{p['exposed_comm_ms']:.1f}", f"{p['idle_ms']:.1f}", f"{p['cpu_sync_ms']:.1f}",
-            python, f"{top['name'][:40]} ({top['ms_per_step']:.1f})".replace("|", "/") if top else ""]) + " |")
+            _num(p.get("python_traced_step_ms"), ".1f"), python, f"{top['name'][:40]} ({top['ms_per_step']:.1f})".replace("|", "/") if top else ""]) + " |")
     return "\n".join(lines)
 
 
@@ -190,10 +190,10 @@ def render_markdown(data: dict) -> str:
     profiled = profile_table(data)
     if profiled:
         lines += ["", "## Where a step's time goes (rank 0, torch.profiler)", "",
-                  "Milliseconds per step, from steps profiled after the timed ones (Python tracing on, so the "
-                  "profiled step is slower than the timed median). *exposed comm* is NCCL time with no compute "
-                  "kernel running; *GPU idle* is the step with no kernel at all; *own time* splits the training "
-                  "thread's step among the code running at each moment: each framework's own Python (hooks "
+                  "Milliseconds per step, from steps profiled after the timed ones. *exposed comm* is NCCL time with no compute "
+                  "kernel running; *GPU idle* is the step with no kernel at all. The last columns come from further "
+                  "steps profiled with Python tracing, which slows a hook-heavy step (*traced step ms*): *own time* "
+                  "splits that traced step among the code running at each moment: each framework's own Python (hooks "
                   "included), and *torch ops* for time inside operators (their C++ work and kernel launches).", "", profiled]
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]

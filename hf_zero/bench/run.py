@@ -145,7 +145,8 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
             "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
-            "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve())}
+            "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve()),
+            "python_trace": str((out / "traces" / f"{setup.name}.python.json.gz").resolve())}
     if opts.profile_steps:
         (out / "traces").mkdir(exist_ok=True)
     (work / "spec.json").write_text(json.dumps(spec, indent=1))

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
 from hf_zero.bench.model import build_config
-from hf_zero.bench.profile import StepProfiler, load_trace, summarize
+from hf_zero.bench.profile import StepProfiler
 from hf_zero.distributed import has_gpu
 
 GIB = 1024**3
@@ -154,7 +154,7 @@ def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
 def total_steps(spec: dict) -> int:
     """The timed steps, then (when profiling) one profiler warm-up step and the profiled ones."""
     profiled = spec.get("profile_steps", 0)
-    return spec["steps"] + (1 + profiled if profiled else 0)
+    return spec["steps"] + (StepProfiler.extra_steps(profiled) if profiled else 0)
 
 
 def build_args(spec: dict, setup: dict):
@@ -220,7 +220,7 @@ def main(argv=None):
     profiler = None
     if spec.get("profile_steps") and args.process_index == 0:
         # after the timer, so its synchronize ends each profiled step's GPU work inside the step
-        profiler = StepProfiler(spec["trace"], after=spec["steps"], active=spec["profile_steps"])
+        profiler = StepProfiler(spec["trace"], spec["python_trace"], after=spec["steps"], active=spec["profile_steps"])
         trainer.add_callback(profiler)
     model_ready = time.perf_counter() - started
     trainer.train()
@@ -254,8 +254,7 @@ def main(argv=None):
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
         }
         if profiler is not None:
-            result["profile"] = summarize(load_trace(spec["trace"]), spec["profile_steps"]) if profiler.done else {
-                "error": "the profiler wrote no trace"}
+            result["profile"] = profiler.summary()
         Path(spec["result"]).write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
 
