@@ -145,6 +145,20 @@ def _leaf_modules(context):
     return []
 
 
+def _deepcompile(context):
+    if context.zero.get("stage") == 3 and get_dotted(context.config, "compile.deepcompile") is True:
+        return [Finding("deepcompile-graph-breaks", "warning",
+                        "compile.deepcompile with ZeRO-3 turns ZeRO-3's gather hooks off and gathers parameters only "
+                        "inside compiled graphs: a layer that runs eagerly after a graph break sees its empty shard. "
+                        "On 2x H200 with transformers 5.17 and DeepSpeed 0.19.8, a Llama model failed at the first "
+                        "forward with RuntimeError: 'weight' must be 2-D (its embedding ran after a graph break; "
+                        "DeepSpeed issue #7942).",
+                        "remove compile.deepcompile (the zero3 preset is tuned without it), or first run one step "
+                        "with TORCH_LOGS=graph_breaks and make sure the model's forward has no graph break.",
+                        key="compile.deepcompile")]
+    return []
+
+
 def drop_gpu_only_settings(config: dict) -> list:
     """Turn off, in place, what only works on GPUs; returns a note per change (for the run's log).
 
@@ -156,7 +170,7 @@ def drop_gpu_only_settings(config: dict) -> list:
     return []
 
 
-RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules)
+RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile)
 
 
 def config_findings(context: CheckContext) -> list:

@@ -36,6 +36,18 @@ def test_leaf_modules_on_cpu_fire_and_are_dropped_for_cpu_runs():
     assert codes(raw, on_cpu=True) == [] and drop_gpu_only_settings(raw) == []
 
 
+def test_deepcompile_with_zero3_warns_about_graph_breaks(good):
+    good["compile"] = {"deepcompile": True}
+    [finding] = validate_config(good, on_cpu=True)
+    assert finding.code == "deepcompile-graph-breaks" and finding.severity == "warning"
+    assert "'weight' must be 2-D" in finding.message and "TORCH_LOGS=graph_breaks" in finding.fix
+    good["compile"]["deepcompile"] = False
+    assert codes(good, on_cpu=True) == []
+    zero2 = hf_zero.load_config("zero2")
+    zero2["compile"] = {"deepcompile": True}  # no ZeRO-3 gather hooks to lose
+    assert codes(zero2, on_cpu=True) == []
+
+
 def test_top_level_key_deepspeed_ignores(good):
     good["gradient_checkpointing"] = True
     [finding] = validate_config(good)
