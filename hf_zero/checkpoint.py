@@ -147,7 +147,7 @@ def checkpoint_problems(folder, *, trust: bool = False) -> list:
     if zero is None and not has_weights and not _is_trainer_checkpoint(folder):
         raise ConfigError(f"{folder} holds neither a ZeRO checkpoint (global_step*/ with model/optimizer states) nor "
                           "model weights (model.safetensors): it is not a checkpoint or model folder.")
-    problems = training_state_problems(folder, trust=trust)
+    problems = _training_state_problems(folder, zero, trust)
     if zero is not None and not problems and not trust:
         from .safe_load import check_checkpoint
 
@@ -171,10 +171,13 @@ def _is_trainer_checkpoint(folder: Path) -> bool:
 def training_state_problems(folder, *, trust: bool = False) -> list:
     """What is missing for a resume: the Trainer's last-written file and every rank's ZeRO files."""
     folder = Path(folder)
+    return _training_state_problems(folder, find_zero_checkpoint(folder), trust)
+
+
+def _training_state_problems(folder: Path, zero: ZeroCheckpoint | None, trust: bool) -> list:
     problems = []
     if _is_trainer_checkpoint(folder) and not (folder / TRAINER_STATE).exists():
         problems.append(f"{folder.name}: partial save: {TRAINER_STATE}, which the Trainer writes last, is missing")
-    zero = find_zero_checkpoint(folder)
     if zero is not None:
         problems += inspect_zero_checkpoint(zero, trust=trust).problems
     return problems

@@ -24,12 +24,6 @@ _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json")
 
 
-def _torch_dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-
-
 def _progress(message: str) -> None:
     print(f"hf-zero export: {message}", file=sys.stderr, flush=True)
 
@@ -75,14 +69,14 @@ def _write_shards(state_dict: dict, out: Path, dtype: str, max_shard_size) -> in
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    torch_dtype = _torch_dtype(dtype)
-    sizes_only = to_torch_tensor(state_dict, return_empty_tensor=True, dtype=torch_dtype)
+    # DeepSpeed's own converter takes the names (bf16 / fp16 / fp32) and leaves integer buffers as they are
+    sizes_only = to_torch_tensor(state_dict, return_empty_tensor=True, dtype=dtype)
     split = split_torch_state_dict_into_shards(sizes_only, filename_pattern="model{suffix}.safetensors",
                                                max_shard_size=max_shard_size)
     del sizes_only
     shards = list(split.filename_to_tensors.items())
     for i, (filename, names) in enumerate(shards, 1):
-        shard = to_torch_tensor({n: state_dict[n] for n in names}, dtype=torch_dtype)
+        shard = to_torch_tensor({n: state_dict[n] for n in names}, dtype=dtype)
         save_file(shard, str(out / filename), metadata={"format": "pt"})
         for n in names:
             del state_dict[n]  # the lazy tensor and its materialized copy go before the next shard

@@ -39,6 +39,11 @@ def convert_to_universal(checkpoint, *, trust_checkpoint: bool = False, quiet: b
     if zero.problems:
         raise ConfigError(f"{checkpoint} is incomplete: " + "; ".join(zero.problems))
     check_checkpoint(zero.tag_dir, trust=trust_checkpoint)
+    return _convert(zero, quiet)
+
+
+def _convert(zero, quiet: bool = True) -> Path:
+    """ds_to_universal on a checkpoint already inspected complete and scanned safe."""
     target = universal_dir(zero.root, zero.tag)
     latest = zero.root / "latest_universal"
     if (target / "zero").is_dir() and latest.is_file() and latest.read_text().strip() == target.name:
@@ -48,7 +53,7 @@ def convert_to_universal(checkpoint, *, trust_checkpoint: bool = False, quiet: b
            "--output_folder", str(target).rstrip("/")]
     if (zero.stage or 0) < 3:
         cmd.append("--inject_missing_state")
-    # The converter loads the shards with weights_only=False; check_checkpoint above has already
+    # The converter loads the shards with weights_only=False; the caller's check_checkpoint has already
     # refused any pickle whose globals are outside the allow-list, so it only sees plain tensors.
     proc = subprocess.run(cmd, capture_output=quiet, text=True)
     if proc.returncode != 0:
@@ -95,7 +100,7 @@ def prepare_resume(trainer, checkpoint=True, *, trust_checkpoint: bool = False):
     failure = None
     if is_main_process():
         try:
-            convert_to_universal(checkpoint, trust_checkpoint=trust_checkpoint)
+            _convert(zero)  # inspected and scanned above
         except ConfigError as e:
             failure = str(e)
     failure = _shared(failure)

@@ -5,6 +5,7 @@ import json
 import sys
 
 from ..export import DTYPES, export
+from .checkpoint_flags import add_checkpoint_flags
 
 
 def add_parser(subparsers):
@@ -18,9 +19,7 @@ def add_parser(subparsers):
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file, e.g. 5GB or 500MB")
     p.add_argument("--config", metavar="DIR", help="folder with config.json/tokenizer when the checkpoint has none")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (only once the export succeeded)")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="load pickles that import code outside the allow-list (only for checkpoints you trust)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_checkpoint_flags(p, json_help="print the summary as JSON")
     p.set_defaults(run=run)
     return p
 

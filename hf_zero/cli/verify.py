@@ -5,6 +5,7 @@ import json
 import sys
 
 from ..checkpoint import checkpoint_problems
+from .checkpoint_flags import add_checkpoint_flags
 
 
 def add_parser(subparsers):
@@ -14,9 +15,7 @@ def add_parser(subparsers):
                                           "(the classic ZeRO-3 save) and match config.json's shapes. Exit 0 when good, "
                                           "1 when not.")
     p.add_argument("folders", nargs="+", metavar="DIR", help="checkpoint-N/, global_stepN/ or model folder(s)")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="read pickles that import code outside the allow-list (only for checkpoints you trust)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_checkpoint_flags(p, json_help="print the result as JSON")
     p.set_defaults(run=run)
     return p
 
