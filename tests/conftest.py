@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+# DeepSpeed's logger binds its handler to whatever sys.stdout is when deepspeed is first imported.
+# Imported inside a test that captures output (capsys, redirect_stdout), it kept writing to that
+# test's closed stream later and printed "--- Logging error --- Traceback" into another test's
+# output (a fuzz example with an old-style "zero_optimization": true). Import it here, once, while
+# stdout is the session's.
+import deepspeed.utils.logging  # noqa: E402,F401  (imported for that side effect)
+
 from hf_zero.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
