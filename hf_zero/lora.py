@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .saving import gathered_params
@@ -207,7 +208,7 @@ def _needs_clean_process() -> bool:
     return is_deepspeed_zero3_enabled() or (dist.is_available() and dist.is_initialized())
 
 
-def merge_and_save(adapter_dir, base_model=None, out_dir=None, *, dtype="auto", in_subprocess=None) -> Path:
+def merge_and_save(adapter_dir, base_model=None, out_dir=None, *, dtype="auto", config=None, in_subprocess=None) -> Path:
     """Merge a saved adapter into its base model and write a full model folder (safetensors)
     that ``from_pretrained(out_dir)`` loads; call it on one process only.
 
@@ -215,6 +216,9 @@ def merge_and_save(adapter_dir, base_model=None, out_dir=None, *, dtype="auto", 
     base_model_name_or_path). The merge runs on the CPU without any DeepSpeed config, in a fresh
     process when this one has one (or a process group), so the merged weights equal peft's own
     ``merge_and_unload``. The tokenizer saved with the adapter, else the base's, is copied along.
+    ``config`` (a transformers config) is the fine-tuned model's, for a fine-tune that added a head
+    the base lacks (a classifier on a bare encoder): the base is loaded as ``config.architectures[0]``
+    with that config, and the adapter's saved head replaces the new one.
     """
     adapter_dir = Path(adapter_dir)
     problems = adapter_problems(adapter_dir)
@@ -227,23 +231,34 @@ def merge_and_save(adapter_dir, base_model=None, out_dir=None, *, dtype="auto", 
     out_dir = Path(out_dir if out_dir is not None else adapter_dir.with_name(adapter_dir.name + "_merged"))
     if in_subprocess is None:
         in_subprocess = _needs_clean_process()
-    if in_subprocess:
-        env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("ACCELERATE_")}
-        cmd = [sys.executable, "-m", "hf_zero.lora", str(adapter_dir), str(base_model), str(out_dir), "--dtype", str(dtype)]
-        proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"hf_zero: merge failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-        return out_dir
-    return _merge(adapter_dir, str(base_model), out_dir, dtype)
+    with tempfile.TemporaryDirectory(prefix="hf_zero_merge_config_") as config_dir:
+        if config is not None:
+            config.save_pretrained(config_dir)  # a file, so a clean merge process can read it too
+        config_dir = config_dir if config is not None else None
+        if in_subprocess:
+            env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("ACCELERATE_")}
+            cmd = [sys.executable, "-m", "hf_zero.lora", str(adapter_dir), str(base_model), str(out_dir),
+                   "--dtype", str(dtype)] + (["--config", config_dir] if config_dir else [])
+            proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"hf_zero: merge failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+            return out_dir
+        return _merge(adapter_dir, str(base_model), out_dir, dtype, config_dir)
 
 
-def _merge(adapter_dir: Path, base_model: str, out_dir: Path, dtype) -> Path:
+def _merge(adapter_dir: Path, base_model: str, out_dir: Path, dtype, config_dir=None) -> Path:
     import torch
     from peft import PeftModel
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
-    base = _base_class(base_model).from_pretrained(base_model, dtype=dtype)
+    if config_dir:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(config_dir)
+        base = _base_class(config_dir).from_pretrained(base_model, config=config, dtype=dtype)
+    else:
+        base = _base_class(base_model).from_pretrained(base_model, dtype=dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out_dir), safe_serialization=True)
@@ -269,8 +284,9 @@ def _main(argv=None) -> int:
     p.add_argument("base_model")
     p.add_argument("out_dir")
     p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16, float16")
+    p.add_argument("--config", help="folder with the fine-tuned model's config.json (its class and head)")
     a = p.parse_args(argv)
-    _merge(Path(a.adapter_dir), a.base_model, Path(a.out_dir), a.dtype)
+    _merge(Path(a.adapter_dir), a.base_model, Path(a.out_dir), a.dtype, a.config)
     return 0
 
 

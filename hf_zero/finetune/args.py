@@ -19,6 +19,13 @@ class FinetuneArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only this many evaluation rows"})
     gguf_file: str | None = field(default=None, metadata={"help": "GGUF file name inside --model (de-quantised)"})
     reload_check: bool = field(default=True, metadata={"help": "reload the saved model in a fresh process and evaluate it"})
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank (peft); 0 (default) fine-tunes every weight. The run "
+                                                         "saves the adapter in OUTPUT_DIR/adapter and the merged model in "
+                                                         "OUTPUT_DIR/final"})
+    lora_alpha: int | None = field(default=None, metadata={"help": "LoRA scaling alpha (default: 2 x lora_r)"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA branch"})
+    lora_target_modules: str = field(default="all-linear", metadata={"help": "comma-separated module names to adapt, "
+                                                                             "or all-linear"})
     trust_remote_code: bool = field(default=False, metadata={"help": "run the Python code a model folder or Hub repo ships "
                                                                      "(auto_map); only for sources you trust"})
 
@@ -29,3 +36,15 @@ class FinetuneArguments:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"--{name} must be a positive number, got {value}")
+        if self.lora_r < 0:
+            raise ValueError(f"--lora_r must be 0 (full fine-tune) or a positive rank, got {self.lora_r}")
+        if self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise ValueError(f"--lora_alpha must be positive, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_r:
+            from importlib.util import find_spec
+
+            if find_spec("peft") is None:
+                raise ValueError("--lora_r needs peft, which is not installed: pip install 'hf_zero[peft]' "
+                                 "(or pip install peft)")

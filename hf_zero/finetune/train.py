@@ -6,6 +6,7 @@ Runs the same as plain `python -m hf_zero.finetune`, under `accelerate launch` a
 Every TrainingArguments flag passes through.
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -85,10 +86,43 @@ def _plot_losses(history, path):
     plt.close(fig)
 
 
+def with_lora(model, ft):
+    """The model wrapped with a LoRA adapter; a classifier's new head trains whole (peft's modules_to_save)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = ft.lora_target_modules
+    config = LoraConfig(r=ft.lora_r, lora_alpha=ft.lora_alpha or 2 * ft.lora_r, lora_dropout=ft.lora_dropout,
+                        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
+                        task_type=TaskType.SEQ_CLS if ft.task == "classification" else TaskType.CAUSAL_LM)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft names the modules it could not find
+        raise ValueError(f"--lora_target_modules {targets!r}: {e}") from None
+
+
+def save_final(trainer, ft, final: Path) -> None:
+    """OUTPUT_DIR/final: a full model folder that from_pretrained loads (for LoRA: the adapter merged in)."""
+    if not ft.lora_r:
+        trainer.save_model(str(final))
+        return
+    from ..distributed import barrier
+    from ..lora import _unwrap, merge_and_save, save_adapter
+
+    adapter = save_adapter(trainer, final.parent / "adapter")  # every rank: gathers only the adapter
+    if trainer.is_world_process_zero():
+        base = _unwrap(trainer).get_base_model()
+        config = copy.deepcopy(base.config)
+        config.architectures = [type(base).__name__]  # the class with the head this run trained
+        merge_and_save(adapter, ft.model, final, config=config)
+    barrier()
+
+
 def run(ft, args) -> dict:
     tokenizer = load_tokenizer(ft)
     task = build_task(ft, tokenizer)
     model = load_model(ft, task)  # after TrainingArguments: ZeRO-3 partitions it at load
+    if ft.lora_r:
+        model = with_lora(model, ft)
     trainer = Trainer(model=model, args=args, train_dataset=task.train, eval_dataset=task.eval,
                       data_collator=task.collator, compute_metrics=task.compute_metrics, processing_class=tokenizer)
     zero = attach(trainer)
@@ -96,7 +130,7 @@ def run(ft, args) -> dict:
     trainer.train()
     train_seconds = time.time() - started
     final = Path(args.output_dir) / "final"
-    trainer.save_model(str(final))
+    save_final(trainer, ft, final)
     history = trainer.state.log_history
     evals = [e for e in history if "eval_loss" in e]
     summary = {
