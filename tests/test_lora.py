@@ -173,6 +173,23 @@ def test_checkpointing_check_fires_only_for_deepspeed_without_the_recompute_fix(
     assert plain["checkpointing_problems_0_19_2"] == []  # no gradient checkpointing: nothing to fire on
 
 
+@pytest.mark.long  # its own 2-process run (~25 s); make test-long
+def test_resume_from_a_lora_checkpoint_continues_the_same_losses(lora_run, tiny_models, tmp_path):
+    """A LoRA run resumed from its step-2 checkpoint (ZeRO-3, 2 ranks) trains steps 3-4 as the uninterrupted
+    run did, and ends with the same adapter: the engine restores the LoRA partitions and their Adam states."""
+    import torch
+
+    out, uninterrupted = lora_run
+    resumed = run_lora(tiny_models["llama"], tmp_path / "resumed", "--resume", str(out / "checkpoint-2"))
+    assert len(resumed["losses"]) == len(uninterrupted["losses"]) == 4
+    assert resumed["losses"][2:] == pytest.approx(uninterrupted["losses"][2:], rel=1e-5)
+    assert uninterrupted["steps_run"] == [1, 2, 3, 4] and resumed["steps_run"] == [3, 4]  # it really resumed
+    expected, got = _expected(out), _expected(tmp_path / "resumed")
+    assert set(got) == set(expected)
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=1e-4, atol=1e-6), name
+
+
 @pytest.mark.slow
 def test_lora_on_gpt2_conv1d_one_process(tiny_models, tmp_path):
     # GPT-2's c_attn is a Conv1D (fan_in_fan_out): peft must read its shape from the partition's ds_shape

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, Trainer
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens
@@ -34,6 +34,16 @@ def deepspeed_config(opts):
     return config
 
 
+class StepsRun(TrainerCallback):
+    """The global steps this process trained (a resumed run starts after its checkpoint's step)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -46,6 +56,7 @@ def main():
     p.add_argument("--gc", action="store_true")
     p.add_argument("--naive-save", action="store_true")
     p.add_argument("--merge", action="store_true")
+    p.add_argument("--resume", help="a checkpoint-N folder to resume from (through hf_zero.prepare_resume)")
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
@@ -64,7 +75,9 @@ def main():
     callback = hf_zero.attach(trainer)
     logged = LoggedKeys()
     trainer.add_callback(logged)
-    trainer.train()
+    steps_run = StepsRun()
+    trainer.add_callback(steps_run)
+    trainer.train(resume_from_checkpoint=hf_zero.prepare_resume(trainer, opts.resume) if opts.resume else None)
 
     expected = hf_zero.lora.adapter_state_dict(trainer.model)  # gathered from the engine's partitions
     out = Path(opts.out)
@@ -91,6 +104,7 @@ def main():
             # the same real args and model, as DeepSpeed 0.19.2 (CheckpointError reproduced there) would see them
             "checkpointing_problems_0_19_2": hf_zero.lora.checkpointing_problems(trainer.model, args, "0.19.2"),
             "checkpoints": sorted(d.name for d in out.glob("checkpoint-*")),
+            "steps_run": steps_run.steps,
         }
         (out / "result.json").write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
