@@ -15,7 +15,8 @@ import torch
 
 from conftest import REPO, worker_env
 from hf_zero.bench import report
-from hf_zero.bench.run import Options, _error_line, child_env, planner_row, resolve_defaults
+from hf_zero.bench.run import (Options, _error_line, child_env, measured_launches, merge_repeat, planner_row,
+                                resolve_defaults)
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
 from hf_zero.bench.worker import compare_weights, engine_problem
@@ -134,6 +135,38 @@ def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     # a different sequence length would mix incomparable numbers into one table
     assert main(["bench", "--out", str(merged), "--setups", "ddp", "--nproc", "2", "--seq", "16"]) == 2
     assert "holds results of another run" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+@pytest.mark.long  # 5 tiny launches (~40 s); make test-long
+def test_repeat_interleaves_launches_and_resume_continues_them(tmp_path):
+    args = ["--setups", "ddp", "--variant", "d2=ddp:mbs=2", "--nproc", "2", "--steps", "3", "--warmup", "1", "--seq", "16"]
+    proc = _bench([*args, "--repeat", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    order = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert order == ["[1/2] round 1/2 ddp", "[2/2] round 1/2 d2", "[1/2] round 2/2 ddp", "[2/2] round 2/2 d2"]
+    row = _row(json.loads((tmp_path / "results.json").read_text()), "ddp")
+    assert len(row["repeat_tokens_per_s"]) == 2 and row["tokens_per_s"] == pytest.approx(sum(row["repeat_tokens_per_s"]) / 2)
+    assert " (n=2)" in (tmp_path / "results.md").read_text()
+    # a third round later: the two measured rounds are kept and skipped, the third joins them
+    proc = _bench([*args, "--repeat", "3", "--resume"], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.count("already measured, skipped (--resume)") == 4, proc.stdout
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [len(_row(data, n)["repeat_tokens_per_s"]) for n in ("ddp", "d2")] == [3, 3]
+
+
+def test_repeats_merge_into_one_row_only_within_a_sweep():
+    first = {"tokens_per_s": 100.0, "memory": {"peak_gib": 2.0}, "status": "ok"}
+    second = {"tokens_per_s": 140.0, "memory": {"peak_gib": 1.5}, "status": "ok"}
+    merged = merge_repeat(first, second)
+    assert merged["repeat_tokens_per_s"] == [100.0, 140.0] and merged["tokens_per_s"] == 120.0
+    assert merged["tokens_per_s_spread"] == pytest.approx(40 / 120) and merged["memory"]["peak_gib"] == 2.0
+    third = merge_repeat(merged, {"tokens_per_s": 90.0, "memory": {"peak_gib": 2.5}, "status": "ok"})
+    assert third["tokens_per_s"] == 100.0 and third["memory"]["peak_gib"] == 2.5 and measured_launches(third) == 3
+    assert measured_launches(first) == 1 and measured_launches(None) == 0
+    assert measured_launches({"status": "failed"}) == 0
+    with pytest.raises(ConfigError, match="--repeat must be at least 1"):
+        resolve_defaults(Options(repeat=0), gpus=0)
 
 
 def test_unknown_setup_is_one_message_and_exit_2(tmp_path, capsys):

@@ -107,7 +107,9 @@ def table(data: dict) -> str:
             if plan.get("predicted_gib") is not None:
                 planned = f"{plan['predicted_gib']:.1f}" + (f" ({plan['error']:+.0%})" if "error" in plan else "")
             save = row.get("save")
-            cells += [f"{row['tokens_per_s']:,.0f}",
+            repeats = row.get("repeat_tokens_per_s") or []
+            cells += [f"{row['tokens_per_s']:,.0f}" + (f" ±{row['tokens_per_s_spread'] / 2:.0%} (n={len(repeats)})"
+                                                         if len(repeats) > 1 else ""),
                       _pct(row["tokens_per_s"] / ddp["tokens_per_s"]) if ddp else "",
                       _pct(row["tokens_per_s"] / fsdp["tokens_per_s"]) if fsdp else "",
                       _num(row.get("tflops_per_gpu"), ".1f" if gpu else ".4f"), f"{peak:.2f}",
@@ -176,7 +178,8 @@ def render_markdown(data: dict) -> str:
     v = data.get("versions") or {}
     lines = [f"# hf-zero bench: {model['name']} ({params_text(model['params'])} parameters)", "",
              f"{fp.get('nproc')} x {device.get('name', '?')}, sequence {fp.get('seq')}, bf16, HF Trainer; "
-             f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps. "
+             f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps "
+             "(with --repeat: the median over launches, ± half their range, n launches). "
              "% DDP / % FSDP compare with the DDP / FSDP row of the same gradient-checkpointing setting. "
              "TFLOP/s are model FLOPs (6N + 12 L h seq per token, no recompute). Peak memory is the maximum over "
              "ranks, reset after the model and engine were built.", "",

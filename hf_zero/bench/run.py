@@ -47,6 +47,7 @@ class Options:
     setup_timeout: float = 900.0
     keep_saved: bool = False
     profile_steps: int = 0  # > 0: profile this many steps after the timed ones (traces in OUT/traces/)
+    repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
 
 
 def _gpu_count() -> int:
@@ -68,6 +69,8 @@ def resolve_defaults(opts: Options, gpus: int) -> Options:
         problems.append(f"--nproc must be at least 1, got {opts.nproc}")
     if on_gpu and opts.nproc > gpus:
         problems.append(f"--nproc {opts.nproc} but this machine has {gpus} GPU(s)")
+    if opts.repeat < 1:
+        problems.append(f"--repeat must be at least 1, got {opts.repeat}")
     if opts.warmup < 0 or opts.steps - opts.warmup < 1:
         problems.append(f"--steps {opts.steps} with --warmup {opts.warmup} leaves no timed step; "
                         "use more steps than warm-up steps (at least 3 more for a stable median)")
@@ -98,6 +101,8 @@ def command_line(opts: Options) -> str:
         parts += ["--variant", spec]
     if opts.profile_steps:
         parts += ["--profile-steps", str(opts.profile_steps)]
+    if opts.repeat > 1:
+        parts += ["--repeat", str(opts.repeat)]
     return shlex.join(parts)
 
 
@@ -324,29 +329,41 @@ def _sweep(opts: Options, progress) -> int:
     progress(f"hf-zero bench: {len(setups)} setup(s), {model[0]} ({params_text(shape.params)} params), "
              f"{opts.nproc} process(es) on {'GPU' if on_gpu else 'CPU'}, seq {opts.seq}, {opts.steps} steps "
              f"({opts.warmup} warm-up) -> {out}")
-    for k, setup in enumerate(setups, 1):
-        head = f"[{k}/{len(setups)}] {setup.name}"
-        if opts.resume and rows.get(setup.name, {}).get("status") == "ok":
+    schedule = [(r, k, setup) for r in range(1, opts.repeat + 1) for k, setup in enumerate(setups, 1)]
+    launched_here = dict.fromkeys((s.name for s in setups), 0)
+    for r, k, setup in schedule:
+        head = f"[{k}/{len(setups)}]" + (f" round {r}/{opts.repeat}" if opts.repeat > 1 else "") + f" {setup.name}"
+        # repeats merge within one sweep (or the sweep --resume continues), never with an older sweep's row
+        done = measured_launches(rows.get(setup.name)) if opts.resume or launched_here[setup.name] else 0
+        if opts.resume and done >= r:
             progress(f"{head}: already measured, skipped (--resume)")
             continue
         if opts.max_minutes is not None and time.perf_counter() - started > 60 * opts.max_minutes:
             progress(f"{head}: not started, --max-minutes {opts.max_minutes:g} reached; rerun with --resume to continue")
             continue
         if setup.kind == "fsdp" and not on_gpu:
+            if r > 1:
+                continue
             row = {"name": setup.name, "base": setup.base, "kind": setup.kind, "micro_batch": setup.micro_batch,
                    "gradient_checkpointing": setup.gradient_checkpointing, "status": "skipped", "setup": setup.as_dict(),
                    "error": "FSDP needs GPUs: on CPU (use_cpu=True) the Trainer silently trains fsdp=... with plain DDP"}
         else:
             row = launch(setup, opts, model, out, on_gpu)
+            launched_here[setup.name] += 1
+        if row["status"] == "ok":
+            data["device"] = row["device"]
+        if done and row["status"] == "ok":
+            row = merge_repeat(rows[setup.name], row)
+        elif done:  # a failed repeat keeps the measured row and says so
+            row = {**rows[setup.name], "repeat_failures": rows[setup.name].get("repeat_failures", []) + [row.get("error")]}
         if row["status"] == "ok":
             row["tflops_per_gpu"] = flops * row["tokens_per_s"] / opts.nproc / 1e12
-            data["device"] = row["device"]
         row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
         rows[setup.name] = row
         data["results"] = list(rows.values())
         path.write_text(json.dumps(data, indent=1) + "\n")
         written = write_reports(data, out)
-        failed += row["status"] not in ("ok", "skipped")
+        failed += row["status"] not in ("ok", "skipped") or bool(row.get("repeat_failures"))
         progress(f"{head}: {_summary(row)}")
     path.write_text(json.dumps(data, indent=1) + "\n")
     written = write_reports(data, out)
@@ -355,12 +372,37 @@ def _sweep(opts: Options, progress) -> int:
     return 1 if failed else 0
 
 
+def measured_launches(row: dict | None) -> int:
+    """How many launches a results row already holds (0: none that measured)."""
+    if not row or row.get("status") != "ok":
+        return 0
+    return len(row.get("repeat_tokens_per_s") or [row["tokens_per_s"]])
+
+
+def merge_repeat(previous: dict, new: dict) -> dict:
+    """One row for all launches of a setup: tokens/s is the median over launches, the spread is kept, and
+    memory is the highest peak seen. The other fields are the newest launch's."""
+    import statistics
+
+    speeds = (previous.get("repeat_tokens_per_s") or [previous["tokens_per_s"]]) + [new["tokens_per_s"]]
+    row = dict(new)
+    row["repeat_tokens_per_s"] = speeds
+    row["tokens_per_s"] = statistics.median(speeds)
+    row["tokens_per_s_spread"] = (max(speeds) - min(speeds)) / row["tokens_per_s"]
+    if previous["memory"]["peak_gib"] > new["memory"]["peak_gib"]:
+        row["memory"] = previous["memory"]
+    return row
+
+
 def _summary(row: dict) -> str:
     if row["status"] == "ok":
         mem = row["memory"]
         what = "peak alloc {:.2f} GiB/GPU" if mem["kind"] == "cuda" else "peak RSS {:.2f} GiB/rank"
         save = row.get("save")
         saved = f", save {save['seconds']:.1f} s, reload {'equal' if save['reload_equal'] else 'DIFFERS'}" if save else ""
-        return f"{row['tokens_per_s']:,.0f} tokens/s, {what.format(mem['peak_gib'])}{saved} ({row['wall_s']:.0f} s)"
+        repeats = row.get("repeat_tokens_per_s") or []
+        spread = (f" (median of {len(repeats)}: {', '.join(f'{v:,.0f}' for v in repeats)})" if len(repeats) > 1 else "")
+        return (f"{row['tokens_per_s']:,.0f} tokens/s{spread}, {what.format(mem['peak_gib'])}{saved} "
+                f"({row['wall_s']:.0f} s)")
     where = f" (log: {row['log']})" if row.get("log") else ""
     return f"{row['status'].upper()}: {row['error']}{where}"

@@ -36,6 +36,9 @@ def add_parser(subparsers):
                    help="after the timed steps, profile N more (torch.profiler with Python tracing): compute, "
                         "communication, exposed communication, idle GPU and hook time per step in results.md; "
                         "rank 0's trace in OUT/traces/ (open in Perfetto)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="launch every setup N times, round by round (A B C A B C), and report the median tokens/s "
+                        "with every launch's value: between-sweep drift then hits all setups alike")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
     p.set_defaults(run=run)
@@ -78,7 +81,7 @@ def run(args) -> int:
     opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
-                   profile_steps=args.profile_steps)
+                   profile_steps=args.profile_steps, repeat=args.repeat)
     if args.list:
         return _list(opts)
     return run_bench(opts)
