@@ -1,8 +1,8 @@
 """Where a training step's time goes: compute, communication, exposed communication, idle GPU, Python hooks.
 
 ``StepProfiler`` runs torch.profiler over a few steps *after* the timed ones (the profiler slows what it
-watches, so it never touches the median), with Python tracing on so DeepSpeed's and FSDP's hooks show up
-as functions. ``summarize`` reads the Chrome trace that torch writes and reduces it to per-step
+watches, so it never touches the median): once for the GPU timeline, once more with Python tracing so
+DeepSpeed's and FSDP's hooks show up as functions. ``summarize`` reads the Chrome trace that torch writes and reduces it to per-step
 milliseconds. Communication counts as *exposed* where a NCCL kernel runs and no compute kernel does: the
 time overlap did not hide. GPU idle is the part of the step with no kernel at all, which is where Python
 work (hooks, launches, synchronisation) shows on the GPU timeline.
