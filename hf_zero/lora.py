@@ -13,6 +13,7 @@ them from rank 0 and checks what it wrote. ``merge_and_save`` merges on the CPU 
 no DeepSpeed config, so the merged weights are exactly what peft's ``merge_and_unload`` computes.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -231,10 +232,10 @@ def merge_and_save(adapter_dir, base_model=None, out_dir=None, *, dtype="auto", 
     out_dir = Path(out_dir if out_dir is not None else adapter_dir.with_name(adapter_dir.name + "_merged"))
     if in_subprocess is None:
         in_subprocess = _needs_clean_process()
-    with tempfile.TemporaryDirectory(prefix="hf_zero_merge_config_") as config_dir:
-        if config is not None:
+    folder = tempfile.TemporaryDirectory(prefix="hf_zero_merge_config_") if config is not None else contextlib.nullcontext()
+    with folder as config_dir:
+        if config_dir:
             config.save_pretrained(config_dir)  # a file, so a clean merge process can read it too
-        config_dir = config_dir if config is not None else None
         if in_subprocess:
             env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("ACCELERATE_")}
             cmd = [sys.executable, "-m", "hf_zero.lora", str(adapter_dir), str(base_model), str(out_dir),

@@ -75,11 +75,8 @@ class StepProfiler(TrainerCallback):
     def summary(self) -> dict:
         if len(self.written) < 2:
             return {"error": f"the profiler wrote {len(self.written)} of 2 traces (too few steps?)"}
-        result = summarize(load_trace(self.paths[0]), self.active)
-        traced = summarize(load_trace(self.paths[1]), self.active)
-        result["cpu_self_ms"] = traced["cpu_self_ms"]
-        result["python_traced_step_ms"] = traced["step_ms"]
-        return result
+        return {**summarize(load_trace(self.paths[0]), self.active),
+                **summarize_python(load_trace(self.paths[1]), self.active)}
 
 
 def union(intervals) -> list:
@@ -169,20 +166,39 @@ def is_communication(kernel_name: str) -> bool:
     return "nccl" in kernel_name.lower()
 
 
+def _spans(events: list) -> list:
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def step_window(spans: list, steps: int) -> tuple:
+    """((start, end), steps) of the profiled steps in µs: the CPU side of torch's ProfilerStep marks (the step
+    as the training loop sees it), else the GPU work's extent."""
+    # the CPU-side marks only: the same names come again on the GPU timeline (cat gpu_user_annotation)
+    marked = [e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    if marked:
+        return (min(e["ts"] for e in marked), max(e["ts"] + e["dur"] for e in marked)), len(marked)
+    gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if gpu:
+        return (min(e["ts"] for e in gpu), max(e["ts"] + e["dur"] for e in gpu)), steps
+    return (0.0, 0.0), steps
+
+
+def summarize_python(events: list, steps: int) -> dict:
+    """From a trace with Python tracing: the traced step's length and each framework's own time in it (ms)."""
+    spans = _spans(events)
+    window, steps = step_window(spans, steps)
+    per_step = max(steps, 1) * 1000
+    return {"python_traced_step_ms": (window[1] - window[0]) / per_step,
+            "cpu_self_ms": {name: us / per_step for name, us in sorted(self_time(spans, window).items())}}
+
+
 def summarize(events: list, steps: int) -> dict:
-    """Per-step milliseconds from Chrome-trace events (times in microseconds), over ``steps`` profiled steps."""
-    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    """Per-step milliseconds of the GPU timeline from Chrome-trace events (times in microseconds), over
+    ``steps`` profiled steps."""
+    spans = _spans(events)
     gpu = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     kernels = [e for e in gpu if e["cat"] == "kernel"]
-    # the CPU-side marks only: the same names come again on the GPU timeline (cat gpu_user_annotation)
-    steps_marked = [e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
-    if steps_marked:  # the CPU side of the profiled steps: the step as the training loop sees it
-        window = (min(e["ts"] for e in steps_marked), max(e["ts"] + e["dur"] for e in steps_marked))
-        steps = len(steps_marked)
-    elif gpu:
-        window = (min(e["ts"] for e in gpu), max(e["ts"] + e["dur"] for e in gpu))
-    else:
-        window = (0.0, 0.0)
+    window, steps = step_window(spans, steps)
 
     def clipped(selected):  # GPU intervals inside the window (a kernel queued before it may end inside)
         return union((max(e["ts"], window[0]), min(e["ts"] + e["dur"], window[1])) for e in selected
@@ -212,7 +228,6 @@ def summarize(events: list, steps: int) -> dict:
         "idle_ms": per_step(max(0.0, (window[1] - window[0]) - length(busy))),
         "memcpy_ms": per_step(sum(e["dur"] for e in gpu if e["cat"] != "kernel")),
         "cpu_sync_ms": per_step(length(sync)),
-        "cpu_self_ms": {name: per_step(us) for name, us in sorted(self_time(spans, window).items())},
         "top_kernels": [{"name": name[:120], "ms_per_step": per_step(total), "calls_per_step": calls / max(steps, 1),
                          "communication": is_communication(name)} for name, (total, calls) in top],
     }

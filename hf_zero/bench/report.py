@@ -124,8 +124,12 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _profiled(data: dict) -> list:
+    return [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
+
+
 def profile_table(data: dict) -> str:
-    rows = [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
+    rows = _profiled(data)
     if not rows:
         return ""
     lines = ["| setup | timed step ms | profiled step ms | compute | comm | exposed comm | GPU idle | CPU waits on GPU "
@@ -143,7 +147,7 @@ def profile_table(data: dict) -> str:
 
 def plot_profile(data: dict, path) -> bool:
     """Stacked bars per profiled setup: overlapped compute, exposed communication, GPU idle. False if none."""
-    rows = [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
+    rows = _profiled(data)
     if not rows:
         return False
     import matplotlib
