@@ -21,8 +21,24 @@ def test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp(tiny_models, tmp_
 
 
 def test_quiet_engine_check_on_a_real_engine(trained):
-    result = read_result(trained("llama", "zero1", 1))
+    result = read_result(trained("llama", "zero1", 2))
     assert result["engine"] == "DeepSpeedEngine" and result["warnings"] == []
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero3"])
+def test_warns_that_zero_on_one_process_shards_nothing(trained, preset):
+    result = read_result(trained("llama", preset, 1))
+    [warning] = result["warnings"]
+    assert f"ZeRO-{preset[-1]} on a single process shards nothing" in warning and "offload preset" in warning
+
+
+def test_quiet_about_one_process_when_states_are_offloaded():
+    from hf_zero.callback import _single_process_note
+
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert _single_process_note(offload, 2, ranks=1) is None
+    assert _single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=2) is None
+    assert _single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=1) is not None
 
 
 @cpu_only

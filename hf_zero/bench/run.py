@@ -27,7 +27,7 @@ from .model import build_config, flops_per_token, params_text, resolve_model
 from .setups import reduce_bucket, select
 
 SCHEMA = 1
-PLANNER_TOLERANCE = 0.15  # the target: each measured peak within +-15% of the plan
+PLANNER_TOLERANCE = 0.15  # the target: each plan within +-15% of the measured peak
 _PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "hf_zero", "safetensors")
 
 
@@ -239,7 +239,7 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
     predicted = estimate(name, shape, run).gpu_total / GIB
     row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":
-        error = measured["peak_gib"] / predicted - 1
+        error = predicted / measured["peak_gib"] - 1  # the plan's error, relative to what was measured
         row.update(measured_gib=measured["peak_gib"], error=error,
                    within_tolerance=abs(error) <= PLANNER_TOLERANCE)
     else:
