@@ -335,6 +335,10 @@ def test_targets_pass_and_fail():
     assert big["planner"][0] == "FAIL" and "zero2 -20%" in big["planner"][1]
     md = report.render_markdown(_gpu_data(zero2_tokens=51000, zero2_peak=20.7))
     assert "| zero2 | 4 |  | 51,000 | 96% | 133% |" in md and "CPU run" not in md
+    one_gpu = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
+    one_gpu["fingerprint"]["nproc"] = 1
+    alone = _targets(one_gpu)
+    assert alone["zero2"] == ("n/a", "set for 2 GPUs; this run used 1") and alone["zero3:"][0] == "PASS"
 
 
 def test_planner_row_compares_only_gpu_memory():
