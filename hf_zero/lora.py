@@ -37,10 +37,10 @@ def is_peft_model(model) -> bool:
         from peft import PeftModel
     except ImportError:
         return False
-    return isinstance(_unwrap(model), PeftModel)
+    return isinstance(unwrap_model(model), PeftModel)
 
 
-def _unwrap(model):
+def unwrap_model(model):
     """The user's model from a Trainer, a DeepSpeedEngine or the model itself."""
     model = getattr(model, "model", model) if _is_trainer(model) else model
     return getattr(model, "module", model)  # DeepSpeedEngine / DDP keep the model in .module
@@ -62,7 +62,7 @@ def adapter_state_dict(model, adapter_name: str = "default") -> dict:
 
     A collective under ZeRO-3 (every rank must call it); gathers only the adapter, never the base.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     params = _adapter_params(model, adapter_name)
     with gathered_params([p for _, p in params]):
         return {name: p.detach().to("cpu", copy=True) for name, p in params}
@@ -78,7 +78,7 @@ def save_adapter(trainer_or_model, out_dir, *, adapter_name: str = "default", ch
     """
     import torch.distributed as dist
 
-    model = _unwrap(trainer_or_model)
+    model = unwrap_model(trainer_or_model)
     if not is_peft_model(model):
         raise TypeError(f"save_adapter needs a peft PeftModel, got {type(model).__name__}; "
                         "for a full model use trainer.save_model().")
@@ -146,7 +146,7 @@ def adapter_problems(folder, model=None, adapter_name: str = "default") -> list:
                         "ZeRO-3 partitions were saved, not gathered weights. Fix: hf_zero.lora.save_adapter(trainer, dir) "
                         "or trainer.save_model(dir) instead of model.save_pretrained(dir).")
     if model is not None:
-        model = _unwrap(model)
+        model = unwrap_model(model)
         shapes = full_shapes(model)
         expected = {_adapter_key(n, adapter_name): shapes[n] for n, _ in _adapter_params(model, adapter_name)}
         missing = sorted(set(expected) - set(saved))
@@ -174,7 +174,7 @@ def checkpointing_problems(model, args, deepspeed_version: str | None = None) ->
         return []
     if (_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
         return []  # the reentrant path does not compare recomputed tensors
-    if not any(not p.requires_grad for p in _unwrap(model).parameters()):
+    if not any(not p.requires_grad for p in unwrap_model(model).parameters()):
         return []  # full fine-tuning: no frozen parameters
     if deepspeed_version is None:
         import deepspeed
@@ -189,12 +189,11 @@ def checkpointing_problems(model, args, deepspeed_version: str | None = None) ->
              "inside reentrant checkpoints still get gradients; same losses with DeepSpeed 0.19.2 here).")]
 
 
-def _base_class(base_path: str):
-    """The class the base model was saved as (config.architectures), so the merge loads its exact head."""
+def _base_class(architectures):
+    """The class a model was saved as (config.architectures), so the merge loads its exact head."""
     import transformers
 
-    config = json.loads((Path(base_path) / "config.json").read_text()) if (Path(base_path) / "config.json").exists() else {}
-    for arch in config.get("architectures") or []:
+    for arch in architectures or []:
         if hasattr(transformers, arch):
             return getattr(transformers, arch)
     return transformers.AutoModelForCausalLM
@@ -257,9 +256,11 @@ def _merge(adapter_dir: Path, base_model: str, out_dir: Path, dtype, config_dir=
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(config_dir)
-        base = _base_class(config_dir).from_pretrained(base_model, config=config, dtype=dtype)
+        base = _base_class(config.architectures).from_pretrained(base_model, config=config, dtype=dtype)
     else:
-        base = _base_class(base_model).from_pretrained(base_model, dtype=dtype)
+        saved = Path(base_model) / "config.json"
+        architectures = json.loads(saved.read_text()).get("architectures") if saved.exists() else None
+        base = _base_class(architectures).from_pretrained(base_model, dtype=dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out_dir), safe_serialization=True)

@@ -106,11 +106,11 @@ def save_final(trainer, ft, final: Path) -> None:
         trainer.save_model(str(final))
         return
     from ..distributed import barrier
-    from ..lora import _unwrap, merge_and_save, save_adapter
+    from ..lora import merge_and_save, save_adapter, unwrap_model
 
     adapter = save_adapter(trainer, final.parent / "adapter")  # every rank: gathers only the adapter
     if trainer.is_world_process_zero():
-        base = _unwrap(trainer).get_base_model()
+        base = unwrap_model(trainer).get_base_model()
         config = copy.deepcopy(base.config)
         config.architectures = [type(base).__name__]  # the class with the head this run trained
         merge_and_save(adapter, ft.model, final, config=config)
