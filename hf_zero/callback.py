@@ -14,7 +14,7 @@ from .distributed import barrier, has_gpu, world_size
 from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
-from .presets import get_dotted
+from .presets import get_dotted, offload_devices
 from .rules import drop_gpu_only_settings
 from .saving import saved_model_problems
 
@@ -68,10 +68,7 @@ def _training_alone(seen: int, launched: int, who: str) -> str:
 
 def _single_process_note(config: dict, stage, ranks: int) -> str | None:
     """ZeRO shards across data-parallel ranks: one rank shards nothing, unless states go to CPU or NVMe."""
-    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
-    offloaded = any(isinstance(zero.get(b), dict) and zero[b].get("device") in ("cpu", "nvme")
-                    for b in ("offload_optimizer", "offload_param"))
-    if ranks != 1 or not stage or offloaded:
+    if ranks != 1 or not stage or offload_devices(config):
         return None
     return (f"ZeRO-{stage} on a single process shards nothing: the whole model, its gradients and Adam states stay "
             "on this device, and DeepSpeed's bookkeeping only slows each step (1.35B model on one H200: zero2 ran at "

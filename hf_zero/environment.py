@@ -5,13 +5,12 @@ import re
 import shutil
 
 from .config import Finding
+from .presets import offload_devices
 
 
 def _needs_op_build(config: dict) -> bool:
     """DeepSpeed JIT-compiles an op for its optimizer block and for CPU/NVMe offload (cpu_adam, async_io)."""
-    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
-    offloads = [zero.get(b, {}).get("device") for b in ("offload_optimizer", "offload_param") if isinstance(zero.get(b), dict)]
-    return "optimizer" in config or any(d in ("cpu", "nvme") for d in offloads)
+    return "optimizer" in config or bool(offload_devices(config))
 
 
 def environment_findings(context) -> list:

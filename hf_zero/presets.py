@@ -129,6 +129,12 @@ def get_dotted(config: dict, dotted_key: str, default=None):
     return node
 
 
+def offload_devices(config: dict) -> set:
+    """Where zero_optimization's offload_optimizer / offload_param blocks put states ("cpu", "nvme")."""
+    blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_optimizer", "offload_param"))
+    return {block.get("device") for block in blocks if isinstance(block, dict)} & {"cpu", "nvme"}
+
+
 def load_config(config, *, nvme_path=None, overrides=None) -> dict:
     """A DeepSpeed config as a fresh dict, from a preset name, a JSON path or a dict.
 
