@@ -140,9 +140,13 @@ def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
 @pytest.mark.multiproc
 @pytest.mark.long  # 5 tiny launches (~40 s); make test-long
 def test_repeat_interleaves_launches_and_resume_continues_them(tmp_path):
-    args = ["--setups", "ddp", "--variant", "d2=ddp:mbs=2", "--nproc", "2", "--steps", "3", "--warmup", "1", "--seq", "16"]
+    # d2 also passes a torchrun option (one that changes nothing here): it must reach the launch
+    args = ["--setups", "ddp", "--variant", "d2=ddp:mbs=2,torchrun.max-restarts=0", "--nproc", "2", "--steps", "3",
+            "--warmup", "1", "--seq", "16"]
     proc = _bench([*args, "--repeat", "2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    launched = (tmp_path / "logs" / "d2.log").read_text().splitlines()[0]
+    assert " --max-restarts=0 -m hf_zero.bench.worker" in launched, launched
     order = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[")]
     assert order == ["[1/2] round 1/2 ddp", "[2/2] round 1/2 d2", "[1/2] round 2/2 ddp", "[2/2] round 2/2 d2"]
     row = _row(json.loads((tmp_path / "results.json").read_text()), "ddp")
@@ -226,9 +230,12 @@ def test_variant_parsing():
         parse_variant("d=ddp:mbs=0,zero_optimization.stage=2,oops", known)
     assert len(e.value.problems) == 2
     assert parse_variant("z=zero3:optimizer.params.betas=[0.9,0.95]", known).deepspeed["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    assert parse_variant("n=fsdp:torchrun.numa-binding=node", known).torchrun == {"numa-binding": "node"}
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
-                       ("z=zero3:=5", "not key=value")):
+                       ("z=zero3:=5", "not key=value"), ("n=ddp:torchrun.numa-binding=close", "invalid choice"),
+                       ("n=ddp:torchrun.numa-bind=node", "no option --numa-bind"),
+                       ("n=ddp:torchrun.master-port=1", "the harness sets it")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
 

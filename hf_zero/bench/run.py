@@ -158,6 +158,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     env, changed = child_env(setup, on_gpu, opts.nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           *(f"--{option}={value}" for option, value in setup.torchrun.items()),
            "-m", "hf_zero.bench.worker", "--spec", str(work / "spec.json")]
     start = time.perf_counter()
     with open(log_path, "w") as log:

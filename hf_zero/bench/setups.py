@@ -6,10 +6,12 @@ setup comes at micro batch 4 and as "NAME+gc" at micro batch 8 with gradient che
 
 Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup name and each key is
 ``mbs``, ``gc``, ``env.VAR`` (an environment variable of the workers), ``args.FIELD`` (a TrainingArguments
-field) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it
-parses (``1e9`` becomes an integer, ``null`` removes the key), else a string.
+field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``) or a dotted
+DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
+becomes an integer, ``null`` removes the key), else a string.
 """
 
+import argparse
 import copy
 import json
 import re
@@ -66,6 +68,7 @@ class Setup:
     deepspeed: dict | None = None
     args: dict = field(default_factory=dict)  # extra TrainingArguments fields
     env: dict = field(default_factory=dict)  # extra environment variables of the workers
+    torchrun: dict = field(default_factory=dict)  # extra torchrun options (name without "--" -> value)
     base: str = ""  # the named setup it derives from
 
     @property
@@ -120,6 +123,26 @@ def _parse_value(text: str):
     return value
 
 
+# the harness sets these for every launch
+_HARNESS_TORCHRUN = {"nproc-per-node", "nproc_per_node", "master-addr", "master_addr", "master-port", "master_port"}
+
+
+def _torchrun_problem(option: str, value: str) -> str | None:
+    """Ask torchrun's own parser, so a typo fails here rather than in the middle of a sweep."""
+    from torch.distributed.run import get_args_parser
+
+    if option in _HARNESS_TORCHRUN:
+        return f"torchrun.{option}: the harness sets it (--nproc for the process count)"
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    parser.allow_abbrev = False  # torchrun itself would take --numa for --numa-binding; here a name is exact
+    try:
+        _, unknown = parser.parse_known_args([f"--{option}={value}", "worker.py"])
+    except argparse.ArgumentError as e:
+        return f"torchrun.{option}={value!r}: {e}"
+    return f"torchrun has no option --{option}" if unknown else None
+
+
 def parse_variant(spec: str, known: dict) -> Setup:
     """``NAME=BASE:key=value,...`` -> a Setup derived from the setup BASE (see the module docstring)."""
     name, sep, rest = spec.partition("=")
@@ -137,7 +160,7 @@ def parse_variant(spec: str, known: dict) -> Setup:
     setup.name = name
     problems = []
     # split on commas that start a new key=, so values such as PYTORCH_CUDA_ALLOC_CONF's "a:1,b:2" survive
-    for item in filter(None, re.split(r",(?=[A-Za-z_][\w.]*=)", assignments)):
+    for item in filter(None, re.split(r",(?=[A-Za-z_][\w.\-]*=)", assignments)):
         key, eq, raw = item.partition("=")
         if not eq or not key:
             problems.append(f"{item!r} is not key=value")
@@ -162,8 +185,14 @@ def parse_variant(spec: str, known: dict) -> Setup:
             setup.env[key[4:]] = raw  # environment values stay strings, exactly as written
         elif key.startswith("args."):
             setup.args[key[5:]] = value
+        elif key.startswith("torchrun."):
+            problem = _torchrun_problem(key[9:], raw)
+            if problem:
+                problems.append(problem)
+            else:
+                setup.torchrun[key[9:]] = raw
         elif setup.kind != "deepspeed":
-            problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR or args.FIELD")
+            problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD or torchrun.OPTION")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed

@@ -21,7 +21,8 @@ def add_parser(subparsers):
     p.add_argument("--variant", action="append", default=[], metavar="NAME=BASE:key=value,...",
                    help="an extra setup, e.g. z3b=zero3:zero_optimization.reduce_bucket_size=1e9,"
                         "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; keys: mbs, gc, env.VAR, args.FIELD, "
-                        "dotted DeepSpeed keys (value null removes the key). Repeatable.")
+                        "torchrun.OPTION (e.g. torchrun.numa-binding=node), dotted DeepSpeed keys (value null removes "
+                        "the key). Repeatable.")
     p.add_argument("--nproc", type=int, help="processes (GPUs) per setup; default: all GPUs, or 2 on CPU")
     p.add_argument("--model", help="1.35b, tiny, or a config.json (default: 1.35b on GPU, tiny on CPU)")
     p.add_argument("--steps", type=int, help="optimizer steps per setup (default: 20 on GPU, 6 on CPU)")
