@@ -342,6 +342,14 @@ def test_targets_pass_and_fail():
     assert big["planner"][0] == "FAIL" and "zero2 -20%" in big["planner"][1]
     md = report.render_markdown(_gpu_data(zero2_tokens=51000, zero2_peak=20.7))
     assert "| zero2 | 4 |  | 51,000 | 96% | 133% |" in md and "CPU run" not in md
+    repeated = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
+    for row, spread in zip(repeated["results"][:3], (0.02, 0.0, 0.14)):  # ddp ±1%, fsdp, zero2 ±7%
+        row["tokens_per_s_spread"] = spread
+    assert _targets(repeated)["zero2"][1] == "speed 96%, memory 59%; launches vary ±7% / ±1%, more than the distance to the target"
+    assert _targets(repeated)["zero3"][1] == "speed 104%, memory 106%"  # neither zero3 nor fsdp was repeated
+    far = _gpu_data(zero2_tokens=30900, zero2_peak=20.2)
+    far["results"][2]["tokens_per_s_spread"] = 0.14
+    assert _targets(far)["zero2"] == ("FAIL", "speed 58%, memory 58%; launches vary ±7% / ±0%")  # clear of the target
     one_gpu = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
     one_gpu["fingerprint"]["nproc"] = 1
     alone = _targets(one_gpu)
