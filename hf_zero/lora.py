@@ -252,15 +252,11 @@ def _merge(adapter_dir: Path, base_model: str, out_dir: Path, dtype, config_dir=
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
-    if config_dir:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(config_dir)
-        base = _base_class(config.architectures).from_pretrained(base_model, config=config, dtype=dtype)
-    else:
-        saved = Path(base_model) / "config.json"
-        architectures = json.loads(saved.read_text()).get("architectures") if saved.exists() else None
-        base = _base_class(architectures).from_pretrained(base_model, dtype=dtype)
+    # the fine-tuned model's config (class and head) when given, else the base's own
+    config = AutoConfig.from_pretrained(config_dir or base_model)
+    base = _base_class(config.architectures).from_pretrained(base_model, config=config, dtype=dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out_dir), safe_serialization=True)

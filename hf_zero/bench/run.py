@@ -373,11 +373,16 @@ def _sweep(opts: Options, progress) -> int:
     return 1 if failed else 0
 
 
+def _launch_speeds(row: dict) -> list:
+    """tokens/s of each launch a measured row holds."""
+    return row.get("repeat_tokens_per_s") or [row["tokens_per_s"]]
+
+
 def measured_launches(row: dict | None) -> int:
     """How many launches a results row already holds (0: none that measured)."""
     if not row or row.get("status") != "ok":
         return 0
-    return len(row.get("repeat_tokens_per_s") or [row["tokens_per_s"]])
+    return len(_launch_speeds(row))
 
 
 def merge_repeat(previous: dict, new: dict) -> dict:
@@ -385,7 +390,7 @@ def merge_repeat(previous: dict, new: dict) -> dict:
     memory is the highest peak seen. The other fields are the newest launch's."""
     import statistics
 
-    speeds = (previous.get("repeat_tokens_per_s") or [previous["tokens_per_s"]]) + [new["tokens_per_s"]]
+    speeds = _launch_speeds(previous) + [new["tokens_per_s"]]
     row = dict(new)
     row["repeat_tokens_per_s"] = speeds
     row["tokens_per_s"] = statistics.median(speeds)

@@ -186,11 +186,12 @@ def parse_variant(spec: str, known: dict) -> Setup:
         elif key.startswith("args."):
             setup.args[key[5:]] = value
         elif key.startswith("torchrun."):
-            problem = _torchrun_problem(key[9:], raw)
+            option = key.removeprefix("torchrun.")
+            problem = _torchrun_problem(option, raw)
             if problem:
                 problems.append(problem)
             else:
-                setup.torchrun[key[9:]] = raw
+                setup.torchrun[option] = raw
         elif setup.kind != "deepspeed":
             problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD or torchrun.OPTION")
         elif value is None:
