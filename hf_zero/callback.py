@@ -83,7 +83,9 @@ class ZeroCallback(TrainerCallback):
     Before training: the config passes DeepSpeed's own parser; ZeRO without offload on a single
     process (nothing to shard, only slower) is reported; stage 3 saves gathered 16-bit
     weights; gradient checkpointing is non-reentrant with ``use_cache=False``; a stage-3 model
-    built whole (not by zero.Init) is reported with its host-memory cost.
+    built whole (not by zero.Init) is reported with its host-memory cost; with ``torch_compile``,
+    stage 3 compiles each repeated block's forward and keeps DeepSpeed's hooks out of the graph
+    (hf_zero/compile.py).
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step.
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
@@ -169,6 +171,7 @@ class ZeroCallback(TrainerCallback):
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
+            self._compile_blocks_not_hooks(model, config)
             if not any(hasattr(p, "ds_id") for p in model.parameters()):
                 n = sum(p.numel() for p in model.parameters())
                 size = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -190,6 +193,16 @@ class ZeroCallback(TrainerCallback):
         problems = checkpointing_problems(model, args)
         if problems:
             raise ConfigError(problems)
+
+    def _compile_blocks_not_hooks(self, model, config) -> None:
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is None:
+            return
+        from .compile import take_over_zero3_compile
+
+        note = take_over_zero3_compile(accelerator, model, config)
+        if note:
+            logger.info("hf_zero: %s", note)
 
     # ---- train begin: what actually got built ----------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):

@@ -231,11 +231,13 @@ def test_variant_parsing():
     assert len(e.value.problems) == 2
     assert parse_variant("z=zero3:optimizer.params.betas=[0.9,0.95]", known).deepspeed["optimizer"]["params"]["betas"] == [0.9, 0.95]
     assert parse_variant("n=fsdp:torchrun.numa-binding=node", known).torchrun == {"numa-binding": "node"}
+    assert parse_variant("c=zero3:dynamo.recompile_limit=64", known).dynamo == {"recompile_limit": 64}
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
                        ("z=zero3:=5", "not key=value"), ("n=ddp:torchrun.numa-binding=close", "invalid choice"),
                        ("n=ddp:torchrun.numa-bind=node", "no option --numa-bind"),
-                       ("n=ddp:torchrun.master-port=1", "the harness sets it")):
+                       ("n=ddp:torchrun.master-port=1", "the harness sets it"),
+                       ("c=zero3:dynamo.recompile_limt=64", "no setting 'recompile_limt'")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
 

@@ -93,3 +93,25 @@ def test_checkpoint_folders_verified_and_reloadable(trained):
 
     assert saved_model_problems(out / "checkpoint-2") == []
     assert saved_model_problems(out / "checkpoint-4") == []
+
+
+def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained):
+    # Accelerate would compile DeepSpeed's fetch/release hooks with the model, and dynamo recompiles per layer
+    out = trained("llama", "zero3", 2, "--torch-compile")
+    result, eager = read_result(out), read_result(trained("llama", "zero3", 2))
+    assert result["compiled_block_forwards"] == 2  # the tiny Llama's two decoder layers
+    assert result["linear_is_torch"]  # zero.Init's memory-efficient linear is undone
+    assert result["dynamo_graphs"] == 1  # one graph serves both layers: nothing specialized on ds_id
+    assert result["losses"] == pytest.approx(eager["losses"], rel=1e-3)
+    assert_reload_bitwise(out)
+
+
+def test_quiet_compile_without_torch_compile(trained):
+    eager = read_result(trained("llama", "zero3", 2))
+    assert eager["compiled_block_forwards"] == 0 and not eager["linear_is_torch"] and eager["dynamo_graphs"] == 0
+
+
+@pytest.mark.slow
+def test_quiet_compile_below_stage3(trained):
+    zero2 = read_result(trained("llama", "zero2", 2, "--torch-compile"))  # no parameter hooks: Accelerate compiles
+    assert zero2["compiled_block_forwards"] == 0 and zero2["dynamo_graphs"] >= 1

@@ -6,7 +6,8 @@ setup comes at micro batch 4 and as "NAME+gc" at micro batch 8 with gradient che
 
 Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup name and each key is
 ``mbs``, ``gc``, ``env.VAR`` (an environment variable of the workers), ``args.FIELD`` (a TrainingArguments
-field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``) or a dotted
+field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``),
+``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``) or a dotted
 DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
 """
@@ -69,6 +70,7 @@ class Setup:
     args: dict = field(default_factory=dict)  # extra TrainingArguments fields
     env: dict = field(default_factory=dict)  # extra environment variables of the workers
     torchrun: dict = field(default_factory=dict)  # extra torchrun options (name without "--" -> value)
+    dynamo: dict = field(default_factory=dict)  # torch._dynamo.config settings of the workers
     base: str = ""  # the named setup it derives from
 
     @property
@@ -192,8 +194,17 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 problems.append(problem)
             else:
                 setup.torchrun[option] = raw
+        elif key.startswith("dynamo."):
+            import torch._dynamo
+
+            name = key.removeprefix("dynamo.")
+            if not hasattr(torch._dynamo.config, name):
+                problems.append(f"torch._dynamo.config has no setting {name!r}")
+            else:
+                setup.dynamo[name] = value
         elif setup.kind != "deepspeed":
-            problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD or torchrun.OPTION")
+            problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD, "
+                            "torchrun.OPTION or dynamo.NAME")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed

@@ -205,6 +205,11 @@ def main(argv=None):
     if has_gpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     started = time.perf_counter()
+    if setup.get("dynamo"):
+        from torch._dynamo import config as dynamo_config  # binds no local "torch" (main uses the module's)
+
+        for name, value in setup["dynamo"].items():
+            setattr(dynamo_config, name, value)  # read when compiled code first runs, inside trainer.train()
 
     args = build_args(spec, setup)
     model = build_model(spec, setup)

@@ -28,7 +28,7 @@ def build_args(opts):
         max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
         bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, lr_scheduler_type="constant",
-        deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit,
+        deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit, torch_compile=opts.torch_compile,
     )
     if opts.plain_args:
         # What a user's unmodified script does: transformers' own arguments, no CPU glue.
@@ -130,6 +130,7 @@ def main():
     p.add_argument("--save-total-limit", type=int, default=None)
     p.add_argument("--kill-during-save", type=int, default=None, metavar="STEP",
                    help="rank 1 writes half of its optimizer shard at STEP's save, then SIGKILLs itself")
+    p.add_argument("--torch-compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
@@ -168,6 +169,7 @@ def main():
     trainer.save_model(str(final))
     if trainer.is_world_process_zero():
         from safetensors.torch import save_file
+        from torch._dynamo.utils import counters as dynamo_counters
 
         save_file(expected, str(Path(opts.out) / "expected.safetensors"))
         engine = trainer.model_wrapped
@@ -182,6 +184,10 @@ def main():
             "peak_state_bytes": peak_states.peak,
             "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
             "warnings": callback.warnings if callback else [],
+            "compiled_block_forwards": sum(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")
+                                           for m in trainer.model.modules()),
+            "linear_is_torch": torch.nn.functional.linear is torch._C._nn.linear,
+            "dynamo_graphs": dynamo_counters["stats"]["unique_graphs"],
             "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
                               or getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
         }
