@@ -15,8 +15,9 @@ fp32 gradient partition for the optimizer, which is why its own estimators count
 ZeRO-1 and ZeRO-2 come out the same: DeepSpeed's ZeRO-1 reduces gradients in the same buckets as
 ZeRO-2 (both measured 20.2 GiB on the 1.35B model). Activations follow the model's shapes
 (hidden h, intermediate i, layers, vocab) per token; with gradient checkpointing only each layer's
-input is kept, plus one layer being recomputed. The constants marked "calibrated" were fitted to
-peaks measured on 2x H200 (FIELD_NOTES); tests/test_planner.py holds every one to +-15%. The
+input is kept, plus one layer being recomputed; torch.compile's fused layers keep fewer of them.
+The constants marked "calibrated" were fitted to peaks measured on 2x H200 (FIELD_NOTES,
+hf_zero/bench/results); tests/test_planner.py holds every one to +-15%. The
 model-state bytes per stage are also checked on CPU, where they are countable: tests/
 test_zero_training.py counts every live tensor just before DeepSpeed's optimizer step.
 """
@@ -32,6 +33,7 @@ PREFERENCE = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"
 
 ACTIVATION_SCALE = 0.90  # calibrated: bytes saved per token per layer, as a share of 22h + 8i (16-bit)
 LOGIT_BYTES = 3  # calibrated: bytes per token per vocabulary entry alive at the peak (16-bit logits + loss)
+COMPILED_ACTIVATIONS = 0.68  # calibrated: torch.compile (regional) fuses norms and SwiGLU, saving fewer tensors
 AUTOCAST_ACTIVATIONS = 1.25  # calibrated: DDP keeps fp32 weights, so autocast leaves an fp32 residual stream
 BUCKET_BYTES_PER_ELEMENT = 1  # calibrated: auto -> 5e8-element buckets added 0.5 GiB to ZeRO-2's peak
 SUB_GROUP = 1_000_000_000  # the presets' sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
@@ -76,6 +78,7 @@ class RunShape:
     micro_batch: int = 1
     gradient_checkpointing: bool = False
     dtype: str = "bf16"
+    compiled: bool = False  # TrainingArguments(torch_compile=True)
     bucket: int = 500_000_000  # reduce / prefetch bucket elements (hf_zero presets)
 
     @property
@@ -102,6 +105,8 @@ def activation_bytes(model: ModelShape, run: RunShape) -> int:
     tokens = run.seq * run.micro_batch
     width = 2 if run.dtype in ("bf16", "fp16") else 4
     per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * width / 2
+    if run.compiled:
+        per_layer_token *= COMPILED_ACTIVATIONS
     if run.gradient_checkpointing:
         # each layer's input is kept; one layer at a time is recomputed with its full activations
         kept = tokens * model.layers * model.hidden * width + tokens * per_layer_token

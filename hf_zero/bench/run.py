@@ -236,7 +236,7 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
         return {"setup": None, "note": "the planner has no FSDP model"}
     run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
-                   bucket=reduce_bucket(setup, shape.hidden))
+                   bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")))
     predicted = estimate(name, shape, run).gpu_total / GIB
     row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":

@@ -23,6 +23,8 @@ def add_parser(subparsers):
     p.add_argument("--seq", type=int, default=1024, help="sequence length")
     p.add_argument("--micro-batch", type=int, default=1, help="per-GPU micro batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="the run uses TrainingArguments(torch_compile=True): fused layers keep fewer activations")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
@@ -61,7 +63,8 @@ def render(plan) -> str:
     m, r = plan.model, plan.run
     lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
              f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
-             f"{', gradient checkpointing' if r.gradient_checkpointing else ''}", ""]
+             f"{', gradient checkpointing' if r.gradient_checkpointing else ''}"
+             f"{', torch.compile' if r.compiled else ''}", ""]
     head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}"
     lines.append(head)
     for est in plan.estimates:
@@ -134,7 +137,8 @@ def run(args) -> int:
         config = load_model_config(args.model)
         model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
     run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
-                         gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype)
+                         gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
+                         compiled=args.torch_compile)
     plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem)
     if args.json:
         print(json.dumps({"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice,
