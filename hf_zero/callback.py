@@ -169,9 +169,9 @@ class ZeroCallback(TrainerCallback):
                 zero["stage3_gather_16bit_weights_on_model_save"] = True
                 self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
+            self._compile_blocks_not_hooks(model, config)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
-            self._compile_blocks_not_hooks(model, config)
             if not any(hasattr(p, "ds_id") for p in model.parameters()):
                 n = sum(p.numel() for p in model.parameters())
                 size = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -201,8 +201,8 @@ class ZeroCallback(TrainerCallback):
         from .compile import take_over_zero3_compile
 
         note = take_over_zero3_compile(accelerator, model, config)
-        if note:
-            logger.info("hf_zero: %s", note)
+        if note:  # it changes what the user asked Accelerate to do, so it is said, like the save-gather fix
+            self._warn(note)
 
     # ---- train begin: what actually got built ----------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):

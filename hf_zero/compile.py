@@ -12,19 +12,15 @@ gathers all of the block's parameters before the compiled code runs, and with dy
 nn.Modules one compiled graph serves every block of the same class. zero.Init also leaves
 ``torch.nn.functional.linear`` replaced by DeepSpeed's memory-efficient linear, an autograd Function whose
 backward asks each weight for its ``ds_id``: dynamo (torch 2.11) guards on that id and recompiles per layer
-again (seen on 2x H200), so the original linear comes back, as DeepSpeed's own DeepCompile does. ZeRO-1/2 have no parameter hooks, so Accelerate's own
-regional compilation is left to run for them.
+again (seen on 2x H200), so the original linear comes back, as DeepSpeed's own DeepCompile does.
+ZeRO-1/2 have no parameter hooks, so Accelerate's own regional compilation is left to run for them.
 """
-
-import logging
 
 import torch
 from accelerate.utils import DynamoBackend
 from accelerate.utils.other import is_repeated_blocks
 from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as ZeroInit
 from deepspeed.utils import set_z3_leaf_module
-
-logger = logging.getLogger("hf_zero")
 
 
 def repeated_blocks(model: torch.nn.Module) -> list:
@@ -54,7 +50,7 @@ def restore_torch_linear(config: dict) -> None:
 def take_over_zero3_compile(accelerator, model: torch.nn.Module, config: dict) -> str | None:
     """If Accelerate is set to compile this ZeRO-3 model, compile the block forwards instead and switch
     Accelerate's compile off; ``config`` is the live DeepSpeed config the engine will be built from.
-    Returns a note for the log, or None when nothing was to be compiled."""
+    Returns a note for the user, or None when nothing was to be compiled."""
     plugin = accelerator.state.dynamo_plugin
     if plugin.backend == DynamoBackend.NO:
         return None
@@ -63,5 +59,6 @@ def take_over_zero3_compile(accelerator, model: torch.nn.Module, config: dict) -
         return None  # no repeated blocks: leave Accelerate's own compile as the user asked for it
     restore_torch_linear(config)
     plugin.backend = DynamoBackend.NO  # read in accelerator.prepare, which the Trainer calls in train()
-    return (f"torch_compile under ZeRO-3: compiled the forward of {compiled} repeated blocks (each a ZeRO-3 leaf) and "
-            "left DeepSpeed's parameter hooks eager (compiling them makes dynamo recompile per layer until its limit, then run eagerly)")
+    return (f"torch_compile under ZeRO-3: compiled the forward of {compiled} repeated blocks (each made a ZeRO-3 "
+            "leaf) and left DeepSpeed's parameter hooks eager, with torch's own F.linear; compiling the hooks too "
+            "makes dynamo recompile per layer until its limit, then run eagerly (hf_zero/compile.py)")

@@ -195,10 +195,10 @@ def parse_variant(spec: str, known: dict) -> Setup:
             else:
                 setup.torchrun[option] = raw
         elif key.startswith("dynamo."):
-            import torch._dynamo
+            from torch._dynamo import config as dynamo_config
 
             name = key.removeprefix("dynamo.")
-            if not hasattr(torch._dynamo.config, name):
+            if not hasattr(dynamo_config, name):
                 problems.append(f"torch._dynamo.config has no setting {name!r}")
             else:
                 setup.dynamo[name] = value
