@@ -17,6 +17,7 @@ from conftest import REPO, worker_env
 from hf_zero.bench import report
 from hf_zero.bench.run import (Options, _error_line, child_env, measured_launches, merge_repeat, planner_row,
                                 resolve_defaults)
+from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
 from hf_zero.bench.worker import compare_weights, engine_problem
@@ -27,7 +28,7 @@ from hf_zero.errors import ConfigError
 # must record with its error and survive.
 BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
 SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
-         "--profile-steps", "1"]
+         "--profile-steps", "1", "--memory-snapshot"]
 
 
 def _bench(args, tmp_out, timeout=600):
@@ -113,7 +114,8 @@ def test_profiled_step_shows_whose_code_ran(sweep):
         assert sum(profile["cpu_self_ms"].values()) == pytest.approx(profile["python_traced_step_ms"], rel=1e-6)
         for suffix in (".json.gz", ".python.json.gz"):
             assert (out / "traces" / f"{row['name']}{suffix}").stat().st_size > 1000
-        assert len(row["step_times"]) == 5  # the profiled steps are not timed
+        assert len(row["step_times"]) == 5  # the profiled steps are not timed, nor the recorded one
+        assert row["memory_breakdown"] == {"note": "CUDA only: torch records the allocator's history on GPUs"}
     # ZeRO-3's hooks are DeepSpeed Python; DDP runs none of it
     assert zero3["profile"]["cpu_self_ms"]["deepspeed"] > 1.0
     assert ddp["profile"]["cpu_self_ms"].get("deepspeed", 0.0) == 0.0
@@ -259,6 +261,27 @@ def test_profile_counts_exposed_communication():
     # the same communication fully under compute is not exposed
     hidden = [e for e in events if "nccl" not in e["name"]] + [_span("kernel", "ncclDevKernel_AllGather", 5, 30, tid=20)]
     assert summarize(hidden, steps=1)["exposed_comm_ms"] == 0.0
+
+
+def test_peak_breakdown_names_who_allocated_what_was_alive_at_the_peak():
+    ds = [{"filename": "/v/lib/python3.12/site-packages/deepspeed/runtime/zero/stage3.py", "line": 9, "name": "reduce"}]
+    llama = [{"filename": "/v/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"},
+             {"filename": "/v/site-packages/transformers/models/llama/modeling_llama.py", "line": 7, "name": "forward"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": ds},
+             {"action": "alloc", "addr": 2, "size": 50, "frames": llama},
+             {"action": "free_requested", "addr": 9, "size": 30},  # a block from before: gone only when completed
+             {"action": "free_completed", "addr": 9, "size": 30},
+             {"action": "alloc", "addr": 3, "size": 200, "frames": []},  # the peak: 1000 + 100 + 50 - 30 + 200
+             {"action": "free_completed", "addr": 3, "size": 200},
+             {"action": "alloc", "addr": 4, "size": 10, "frames": ds}]
+    result = peak_breakdown(trace, before=1000)
+    assert result["peak_bytes"] == 1320
+    assert [(r["owner"], r["bytes"]) for r in result["rows"]] == [
+        (BEFORE, 970), (NO_FRAME, 200), ("deepspeed/runtime/zero/stage3.py:9 (reduce)", 100),
+        ("transformers/models/llama/modeling_llama.py:7 (forward)", 50)]
+    assert sum(r["bytes"] for r in result["rows"]) == result["peak_bytes"]
+    md = report.memory_breakdown_table({"results": [{"name": "zero3", "status": "ok", "memory_breakdown": result}]})
+    assert "modeling_llama.py:7 (forward)" in md and "| zero3 | **peak of the recorded step** |" in md
 
 
 def test_self_time_goes_to_the_innermost_frame():

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..planner import GIB
 from .model import params_text
 
 SAVE_SECONDS = 5.0  # target: ZeRO-3 16-bit save of the 1.35B model
@@ -193,6 +194,22 @@ def plot_profile(data: dict, path) -> bool:
     return True
 
 
+def memory_breakdown_table(data: dict) -> str:
+    """Per setup with --memory-snapshot: the bytes alive at the recorded step's peak, by allocating code."""
+    rows = [r for r in data["results"] if r.get("status") == "ok" and r.get("memory_breakdown")]
+    if not rows:
+        return ""
+    lines = ["| setup | allocated by | GiB at the peak |", "|---|---|---|"]
+    for row in rows:
+        breakdown = row["memory_breakdown"]
+        if "rows" not in breakdown:
+            lines.append(f"| {row['name']} | {breakdown.get('note', 'not recorded')} | |")
+            continue
+        lines.append(f"| {row['name']} | **peak of the recorded step** | **{breakdown['peak_bytes'] / GIB:.2f}** |")
+        lines += [f"| | `{r['owner']}` | {r['bytes'] / GIB:.2f} |" for r in breakdown["rows"]]
+    return "\n".join(lines)
+
+
 def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
@@ -222,6 +239,12 @@ def render_markdown(data: dict) -> str:
                   "steps profiled with Python tracing, which slows a hook-heavy step (*traced step ms*): *own time* "
                   "splits that traced step among the code running at each moment: each framework's own Python (hooks "
                   "included), and *torch ops* for time inside operators (their C++ work and kernel launches).", "", profiled]
+    breakdown = memory_breakdown_table(data)
+    if breakdown:
+        lines += ["", "## What is alive at the memory peak (rank 0, --memory-snapshot)", "",
+                  "One step after the timed ones, recorded with torch.cuda.memory._record_memory_history: the blocks "
+                  "alive when the allocated bytes peaked, grouped by the first Python frame outside torch that "
+                  "allocated them.", "", breakdown]
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
     changed = {k: val for r in data["results"] for k, val in (r.get("env_changed") or {}).items()}

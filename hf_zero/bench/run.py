@@ -47,6 +47,7 @@ class Options:
     setup_timeout: float = 900.0
     keep_saved: bool = False
     profile_steps: int = 0  # > 0: profile this many steps after the timed ones (traces in OUT/traces/)
+    memory_snapshot: bool = False  # record one more step's allocator history: what is alive at the peak
     repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
 
 
@@ -101,6 +102,8 @@ def command_line(opts: Options) -> str:
         parts += ["--variant", spec]
     if opts.profile_steps:
         parts += ["--profile-steps", str(opts.profile_steps)]
+    if opts.memory_snapshot:
+        parts.append("--memory-snapshot")
     if opts.repeat > 1:
         parts += ["--repeat", str(opts.repeat)]
     return shlex.join(parts)
@@ -150,6 +153,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
             "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
+            "memory_snapshot": opts.memory_snapshot,
             "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve()),
             "python_trace": str((out / "traces" / f"{setup.name}.python.json.gz").resolve())}
     if opts.profile_steps:

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
 from hf_zero.bench.model import build_config
+from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
 from hf_zero.distributed import has_gpu
 
@@ -154,7 +155,7 @@ def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
 def total_steps(spec: dict) -> int:
     """The timed steps, then (when profiling) one profiler warm-up step and the profiled ones."""
     profiled = spec.get("profile_steps", 0)
-    return spec["steps"] + (StepProfiler.extra_steps(profiled) if profiled else 0)
+    return spec["steps"] + (StepProfiler.extra_steps(profiled) if profiled else 0) + bool(spec.get("memory_snapshot"))
 
 
 def build_args(spec: dict, setup: dict):
@@ -227,6 +228,10 @@ def main(argv=None):
         # after the timer, so its synchronize ends each profiled step's GPU work inside the step
         profiler = StepProfiler(spec["trace"], spec["python_trace"], after=spec["steps"], active=spec["profile_steps"])
         trainer.add_callback(profiler)
+    recorder = None
+    if spec.get("memory_snapshot") and args.process_index == 0:
+        recorder = PeakMemoryRecorder(step=total_steps(spec) - 1)  # the last step, after any profiled ones
+        trainer.add_callback(recorder)
     model_ready = time.perf_counter() - started
     trainer.train()
 
@@ -260,6 +265,8 @@ def main(argv=None):
         }
         if profiler is not None:
             result["profile"] = profiler.summary()
+        if recorder is not None:
+            result["memory_breakdown"] = recorder.summary
         Path(spec["result"]).write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
 

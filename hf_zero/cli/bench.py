@@ -37,6 +37,9 @@ def add_parser(subparsers):
                    help="after the timed steps, profile N more (torch.profiler with Python tracing): compute, "
                         "communication, exposed communication, idle GPU and hook time per step in results.md; "
                         "rank 0's trace in OUT/traces/ (open in Perfetto)")
+    p.add_argument("--memory-snapshot", action="store_true",
+                   help="record one more step's CUDA allocator history (rank 0): results.md lists what is alive at "
+                        "the step's memory peak, grouped by the code that allocated it")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="launch every setup N times, round by round (A B C A B C), and report the median tokens/s "
                         "with every launch's value: between-sweep drift then hits all setups alike")
@@ -82,7 +85,7 @@ def run(args) -> int:
     opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
-                   profile_steps=args.profile_steps, repeat=args.repeat)
+                   profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, repeat=args.repeat)
     if args.list:
         return _list(opts)
     return run_bench(opts)
