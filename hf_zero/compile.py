@@ -14,6 +14,10 @@ nn.Modules one compiled graph serves every block of the same class. zero.Init al
 backward asks each weight for its ``ds_id``: dynamo (torch 2.11) guards on that id and recompiles per layer
 again (seen on 2x H200), so the original linear comes back, as DeepSpeed's own DeepCompile does.
 ZeRO-1/2 have no parameter hooks, so Accelerate's own regional compilation is left to run for them.
+
+Blocks with frozen parameters (LoRA, adapters) are left to Accelerate too: DeepSpeed 0.19.8 loses a leaf
+module's frozen weights before their backward (RuntimeError: The size of tensor a (0) must match ..., eager
+as well as compiled, on a tiny Llama with PEFT LoRA), so they cannot be made leaves.
 """
 
 import torch
@@ -28,15 +32,13 @@ def repeated_blocks(model: torch.nn.Module) -> list:
     return [block for module in model.modules() if is_repeated_blocks(module) for block in module]
 
 
-def compile_block_forwards(model: torch.nn.Module, **compile_kwargs) -> int:
-    """Make each repeated block a ZeRO-3 leaf and replace its forward with a compiled one; returns how many
-    blocks were compiled. Call before the DeepSpeed engine is built (it registers the hooks)."""
-    blocks = repeated_blocks(model)
+def compile_block_forwards(blocks: list, **compile_kwargs) -> None:
+    """Make each block a ZeRO-3 leaf and replace its forward with a compiled one. Call before the DeepSpeed
+    engine is built (it registers the hooks)."""
     for block in blocks:
         set_z3_leaf_module(block, True)
         # an instance attribute: nn.Module._call_impl runs the hooks, then calls self.forward
         block.forward = torch.compile(block.forward, **compile_kwargs)
-    return len(blocks)
 
 
 def restore_torch_linear(config: dict) -> None:
@@ -54,11 +56,16 @@ def take_over_zero3_compile(accelerator, model: torch.nn.Module, config: dict) -
     plugin = accelerator.state.dynamo_plugin
     if plugin.backend == DynamoBackend.NO:
         return None
-    compiled = compile_block_forwards(model, **plugin.to_kwargs())
-    if not compiled:
+    blocks = repeated_blocks(model)
+    if not blocks:
         return None  # no repeated blocks: leave Accelerate's own compile as the user asked for it
+    if any(not p.requires_grad for block in blocks for p in block.parameters()):
+        return ("torch_compile under ZeRO-3 with frozen parameters (LoRA/adapters): left to Accelerate, which compiles "
+                "DeepSpeed's parameter hooks too, so expect dynamo to hit its recompile limit and run most layers "
+                "eagerly; hf_zero compiles only block forwards when every parameter trains (hf_zero/compile.py)")
+    compile_block_forwards(blocks, **plugin.to_kwargs())
     restore_torch_linear(config)
     plugin.backend = DynamoBackend.NO  # read in accelerator.prepare, which the Trainer calls in train()
-    return (f"torch_compile under ZeRO-3: compiled the forward of {compiled} repeated blocks (each made a ZeRO-3 "
+    return (f"torch_compile under ZeRO-3: compiled the forward of {len(blocks)} repeated blocks (each made a ZeRO-3 "
             "leaf) and left DeepSpeed's parameter hooks eager, with torch's own F.linear; compiling the hooks too "
             "makes dynamo recompile per layer until its limit, then run eagerly (hf_zero/compile.py)")

@@ -69,6 +69,21 @@ def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=No
     return proc
 
 
+LORA_WORKER = REPO / "tests" / "scripts" / "train_lora.py"
+
+
+def run_lora(model_path, out, *flags, nproc=2, env=None):
+    """Launch the LoRA worker (torchrun for 2 processes, plain python for 1); fail with its output."""
+    script = [str(LORA_WORKER), "--model", str(model_path), "--out", str(out), "--persistence-threshold", "0", *flags]
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+            str(free_port()), *script] if nproc > 1 else [sys.executable, *script])
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return json.loads((Path(out) / "result.json").read_text())
+
+
 def read_result(out: Path) -> dict:
     return json.loads((Path(out) / "result.json").read_text())
 

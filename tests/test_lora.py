@@ -6,31 +6,13 @@ with the preset's 1e6 threshold they would stay whole and every save would look 
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, worker_env
-
-from hf_zero.distributed import free_port
+from conftest import run_lora
 
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.multiproc
-
-LORA_WORKER = REPO / "tests" / "scripts" / "train_lora.py"
-
-
-def run_lora(model_path, out, *flags, nproc=2):
-    """Launch the LoRA worker (torchrun for 2 processes, plain python for 1); fail with its output."""
-    script = [str(LORA_WORKER), "--model", str(model_path), "--out", str(out), "--persistence-threshold", "0", *flags]
-    cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(free_port()), *script] if nproc > 1 else [sys.executable, *script])
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
-    return json.loads((Path(out) / "result.json").read_text())
-
 
 @pytest.fixture(scope="module")
 def lora_run(tiny_models, tmp_path_factory):
