@@ -27,9 +27,12 @@ from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToMo
 from deepspeed.utils import set_z3_leaf_module
 
 
-def repeated_blocks(model: torch.nn.Module) -> list:
-    """Every block of the model's repeated ModuleLists (decoder layers), as Accelerate's regional compile finds them."""
-    return [block for module in model.modules() if is_repeated_blocks(module) for block in module]
+def repeated_blocks(module: torch.nn.Module) -> list:
+    """The blocks of the outermost repeated ModuleLists (decoder layers, not the experts inside them), as
+    Accelerate's regional compilation finds them."""
+    if is_repeated_blocks(module):
+        return list(module)
+    return [block for child in module.children() for block in repeated_blocks(child)]
 
 
 def compile_block_forwards(blocks: list, **compile_kwargs) -> None:

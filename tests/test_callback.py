@@ -134,3 +134,18 @@ def test_quiet_compile_without_torch_compile(trained):
 def test_quiet_compile_below_stage3(trained):
     zero2 = read_result(trained("llama", "zero2", 2, "--torch-compile"))  # no parameter hooks: Accelerate compiles
     assert zero2["compiled_block_forwards"] == 0 and zero2["dynamo_graphs"] >= 1
+
+
+def test_compile_finds_the_outermost_repeated_blocks_only():
+    import torch
+
+    from hf_zero.compile import repeated_blocks
+
+    class Block(torch.nn.Module):  # an MoE-like block: its experts are a repeated list too
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
+
+    model = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.ModuleList([Block() for _ in range(4)]))
+    assert [type(b) for b in repeated_blocks(model)] == [Block] * 4
+    assert repeated_blocks(torch.nn.Linear(2, 2)) == []
