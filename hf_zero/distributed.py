@@ -4,6 +4,7 @@ On a CPU machine DeepSpeed needs gloo, use_cpu=True in TrainingArguments, and (w
 launcher) the RANK/WORLD_SIZE variables a launcher would set; on GPUs the same calls pick NCCL.
 """
 
+import gc
 import os
 import socket
 import warnings
@@ -91,3 +92,6 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        # Gloo work objects that still hold tensors are freed now, with the interpreter whole: freed
+        # during its teardown they can still abort a finished rank the same way (rarely; seen in tests)
+        gc.collect()

@@ -57,12 +57,24 @@ def launch_command(launcher: str, nproc: int, script_args: list) -> list:
     raise ValueError(launcher)
 
 
+# The test workers print this after hf_zero.shutdown(), as the last thing they do.
+FINISHED = "hf_zero-test: worker finished"
+
+
+def aborted_after_finishing(proc, nproc: int) -> bool:
+    """Every rank finished its work, and one then died in interpreter teardown with Gloo's rare
+    'terminate called without an active exception' (torch's C++ threads outliving Python). The run's
+    results are complete; a retry would not be the same run (resume tests change their folder)."""
+    return (proc.returncode != 0 and proc.stdout.count(FINISHED) == nproc
+            and "terminate called without an active exception" in proc.stderr)
+
+
 def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900):
     """Run the worker; on an unexpected exit code fail with the workers' output, not just the code."""
     launcher = launcher or ("python" if nproc == 1 else "torchrun")
     cmd = launch_command(launcher, nproc, [str(a) for a in script_args])
     proc = subprocess.run(cmd, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
-    failed = proc.returncode != 0
+    failed = proc.returncode != 0 and not aborted_after_finishing(proc, nproc)
     if failed != expect_fail:
         tail = (proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-8000:])
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode} (expected {'failure' if expect_fail else 'success'}):\n{tail}")
@@ -79,7 +91,7 @@ def run_lora(model_path, out, *flags, nproc=2, env=None):
             str(free_port()), *script] if nproc > 1 else [sys.executable, *script])
     proc = subprocess.run(cmd, check=False, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True,
                           timeout=600)
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not aborted_after_finishing(proc, nproc):
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
     return json.loads((Path(out) / "result.json").read_text())
 

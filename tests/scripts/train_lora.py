@@ -108,6 +108,7 @@ def main():
         }
         (out / "result.json").write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED: all work done, only teardown left
 
 
 if __name__ == "__main__":

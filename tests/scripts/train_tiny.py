@@ -194,6 +194,7 @@ def main():
         (Path(opts.out) / "logged_keys.json").write_text(json.dumps(sorted(logged.keys)))
         (Path(opts.out) / "result.json").write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED: all work done, only teardown left
 
 
 if __name__ == "__main__":
