@@ -40,20 +40,20 @@ def launcher_script(name: str) -> str:
     return shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def launch_command(launcher: str, nproc: int, script_args: list) -> list:
+def launch_command(launcher: str, nproc: int, script_args: list, script: Path = WORKER) -> list:
     port = str(free_port())
     if launcher == "python":
         assert nproc == 1
-        return [sys.executable, str(WORKER), *script_args]
+        return [sys.executable, str(script), *script_args]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                "--master_port", port, str(WORKER), *script_args]
+                "--master_port", port, str(script), *script_args]
     if launcher == "deepspeed":
-        return [launcher_script("deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(WORKER), *script_args]
+        return [launcher_script("deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(script), *script_args]
     if launcher.startswith("accelerate:"):
         yaml = launcher.split(":", 1)[1]
         return [launcher_script("accelerate"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
-                "--main_process_port", port, str(WORKER), *script_args]
+                "--main_process_port", port, str(script), *script_args]
     raise ValueError(launcher)
 
 
@@ -69,10 +69,10 @@ def aborted_after_finishing(proc, nproc: int) -> bool:
             and "terminate called without an active exception" in proc.stderr)
 
 
-def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900):
+def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900, script=WORKER):
     """Run the worker; on an unexpected exit code fail with the workers' output, not just the code."""
     launcher = launcher or ("python" if nproc == 1 else "torchrun")
-    cmd = launch_command(launcher, nproc, [str(a) for a in script_args])
+    cmd = launch_command(launcher, nproc, [str(a) for a in script_args], script)
     proc = subprocess.run(cmd, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
     failed = proc.returncode != 0 and not aborted_after_finishing(proc, nproc)
     if failed != expect_fail:
@@ -86,14 +86,9 @@ LORA_WORKER = REPO / "tests" / "scripts" / "train_lora.py"
 
 def run_lora(model_path, out, *flags, nproc=2, env=None):
     """Launch the LoRA worker (torchrun for 2 processes, plain python for 1); fail with its output."""
-    script = [str(LORA_WORKER), "--model", str(model_path), "--out", str(out), "--persistence-threshold", "0", *flags]
-    cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(free_port()), *script] if nproc > 1 else [sys.executable, *script])
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0 and not aborted_after_finishing(proc, nproc):
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
-    return json.loads((Path(out) / "result.json").read_text())
+    run_worker(["--model", model_path, "--out", out, "--persistence-threshold", "0", *flags], nproc=nproc, env=env,
+               timeout=600, script=LORA_WORKER)
+    return read_result(out)
 
 
 def read_result(out: Path) -> dict:
