@@ -27,7 +27,8 @@ from hf_zero.errors import ConfigError
 # A real crash inside one setup's workers (PyTorch's DataLoader rejects -1 workers), which the sweep
 # must record with its error and survive.
 BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
-SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
+LORA = "z3lora=zero3:lora.r=4,lora.lora_alpha=8"  # a PEFT LoRA adapter on the frozen, partitioned model
+SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
          "--profile-steps", "1", "--memory-snapshot"]
 
 
@@ -51,7 +52,7 @@ def _row(data, name):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
 def test_sweep_measures_ddp_and_zero3(sweep):
     out, proc, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -69,11 +70,25 @@ def test_sweep_measures_ddp_and_zero3(sweep):
     assert data["model"]["params"] > 0 and data["model"]["flops_per_token"] > 0
     run = data["runs"][-1]
     assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("hf-zero bench")
-    assert "[1/3] ddp:" in proc.stdout and "[2/3] zero3:" in proc.stdout
+    assert "[1/4] ddp:" in proc.stdout and "[2/4] zero3:" in proc.stdout
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
+    _, _, data = sweep
+    lora, zero3 = _row(data, "z3lora"), _row(data, "zero3")
+    assert lora["status"] == "ok" and lora["engine"] == "DeepSpeedEngine" and lora["partitioned"], lora
+    assert lora["setup"]["lora"] == {"r": 4, "lora_alpha": 8} and zero3["setup"]["lora"] == {}
+    assert all(loss == loss for loss in lora["losses"])  # trained, no NaN
+    assert lora["save"] is None  # the adapter's save is hf_zero.lora's, tested in test_lora.py
+    assert "does not model LoRA" in lora["planner"]["note"] and zero3["planner"]["predicted_gib"] > 0
+    # no weight gradients for the frozen base: 4N instead of 6N per token
+    assert lora["tflops_per_gpu"] / lora["tokens_per_s"] < zero3["tflops_per_gpu"] / zero3["tokens_per_s"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
 def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     out, proc, data = sweep
     assert proc.returncode == 1, proc.stderr[-3000:]  # a failed setup: results written, exit 1
@@ -81,12 +96,12 @@ def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     assert broken["status"] == "failed"
     assert "num_workers" in broken["error"] and "Error" in broken["error"], broken["error"]
     assert (out / broken["log"]).exists() and broken["log_tail"]
-    assert "[3/3] broken: FAILED" in proc.stdout
-    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken"]
+    assert "[3/4] broken: FAILED" in proc.stdout
+    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken", "z3lora"]
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
 def test_sweep_writes_table_and_chart(sweep, tmp_path):
     out, _, data = sweep
     md = (out / "results.md").read_text()
@@ -103,7 +118,7 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
 def test_profiled_step_shows_whose_code_ran(sweep):
     out, _, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -124,7 +139,7 @@ def test_profiled_step_shows_whose_code_ran(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 3 setups (~1 min); make test-long
+@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
 def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     out, _, data = sweep
     merged = tmp_path / "merged"
@@ -234,12 +249,15 @@ def test_variant_parsing():
     assert parse_variant("z=zero3:optimizer.params.betas=[0.9,0.95]", known).deepspeed["optimizer"]["params"]["betas"] == [0.9, 0.95]
     assert parse_variant("n=fsdp:torchrun.numa-binding=node", known).torchrun == {"numa-binding": "node"}
     assert parse_variant("c=zero3:dynamo.recompile_limit=64", known).dynamo == {"recompile_limit": 64}
+    assert parse_variant("l=zero3:lora.r=16,lora.target_modules=[\"q_proj\"]", known).lora == {"r": 16, "target_modules": ["q_proj"]}
+    assert parse_variant("l=fsdp:lora.r=8", known).lora == {"r": 8}  # not a DeepSpeed key: any base takes it
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
                        ("z=zero3:=5", "not key=value"), ("n=ddp:torchrun.numa-binding=close", "invalid choice"),
                        ("n=ddp:torchrun.numa-bind=node", "no option --numa-bind"),
                        ("n=ddp:torchrun.master-port=1", "the harness sets it"),
-                       ("c=zero3:dynamo.recompile_limt=64", "no setting 'recompile_limt'")):
+                       ("c=zero3:dynamo.recompile_limt=64", "no setting 'recompile_limt'"),
+                       ("l=zero3:lora.rank=8", "LoraConfig has no field 'rank'"), ("l=zero3:lora.task_type=SEQ_CLS", "CAUSAL_LM")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
 
@@ -379,6 +397,19 @@ def test_targets_pass_and_fail():
     one_gpu["fingerprint"]["nproc"] = 1
     alone = _targets(one_gpu)
     assert alone["zero2"] == ("n/a", "set for 2 GPUs; this run used 1") and alone["zero3:"][0] == "PASS"
+
+
+def test_environment_line_names_the_rows_a_variant_env_belongs_to():
+    data = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
+    for row in data["results"]:
+        row["env_changed"] = {"OMP_NUM_THREADS": "16"}
+    data["results"][2]["env_changed"]["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
+    md = report.render_markdown(data)
+    assert "for every setup's workers: `OMP_NUM_THREADS=16`." in md
+    assert "- `zero2` also: `ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true`" in md
+    assert md.count("REGIONAL_COMPILATION") == 1  # not in the line that speaks for every setup
+    quiet = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)  # no env changes: no environment line at all
+    assert "Environment the harness set" not in report.render_markdown(quiet) and " also: " not in report.render_markdown(quiet)
 
 
 def test_planner_row_compares_only_gpu_memory():

@@ -47,11 +47,12 @@ def matmul_params(shape, tied: bool) -> int:
     return shape.params if tied else shape.params - shape.vocab * shape.hidden
 
 
-def flops_per_token(shape, seq: int, tied: bool = False) -> int:
+def flops_per_token(shape, seq: int, tied: bool = False, frozen_base: bool = False) -> int:
     """Model FLOPs per trained token: 6 N (forward + backward matmuls) + 12 L h seq (attention scores and
     values, counted over the full square as in the Megatron/PaLM formula). Recomputation under gradient
-    checkpointing is not counted: this is model FLOP/s, not hardware FLOP/s."""
-    return 6 * matmul_params(shape, tied) + 12 * shape.layers * shape.hidden * seq
+    checkpointing is not counted: this is model FLOP/s, not hardware FLOP/s. A frozen base (LoRA) has no
+    weight gradients: 4 N (a LoRA adapter's own matmuls are under 1% and not counted)."""
+    return (4 if frozen_base else 6) * matmul_params(shape, tied) + 12 * shape.layers * shape.hidden * seq
 
 
 def params_text(n: int) -> str:

@@ -210,6 +210,25 @@ def memory_breakdown_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _env_text(env: dict) -> str:
+    return ", ".join(f"`{k}={val}`" for k, val in env.items())
+
+
+def environment_lines(rows: list) -> list:
+    """What the harness set in the workers' environment: what every row shares once, then what single
+    rows (a variant's env.VAR) added, named by row, so a variant's setting is not read as the whole sweep's."""
+    envs = [r.get("env_changed") or {} for r in rows]
+    if not any(envs):
+        return []
+    common = {k: val for k, val in envs[0].items() if all(e.get(k) == val for e in envs[1:])}
+    lines = [f"Environment the harness set for every setup's workers: {_env_text(common)}."] if common else []
+    for row, env in zip(rows, envs):
+        own = {k: val for k, val in env.items() if k not in common}
+        if own:
+            lines.append(f"- `{row['name']}` also: {_env_text(own)}")
+    return lines
+
+
 def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
@@ -247,9 +266,7 @@ def render_markdown(data: dict) -> str:
                   "allocated them.", "", breakdown]
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
-    changed = {k: val for r in data["results"] for k, val in (r.get("env_changed") or {}).items()}
-    if changed:
-        lines.append("Environment the harness set for the workers: " + ", ".join(f"`{k}={val}`" for k, val in changed.items()) + ".")
+    lines += environment_lines(data["results"])
     lines.append("")
     lines += [f"- `{r['command']}` ({r['date']}, {len(r['setups'])} setup(s))" for r in data.get("runs", [])]
     return "\n".join(lines) + "\n"

@@ -151,7 +151,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     (out / "logs").mkdir(exist_ok=True)
     log_path = out / "logs" / f"{setup.name}.log"
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
-            "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3, "keep_saved": opts.keep_saved,
+            "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3 and not setup.lora, "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
             "memory_snapshot": opts.memory_snapshot,
             "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve()),
@@ -237,7 +237,7 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
     """The planner's per-GPU peak for this setup, next to the measured one (GPU runs only: CPU RSS is not comparable)."""
     name = setup.planner_setup
     if name is None:
-        return {"setup": None, "note": "the planner has no FSDP model"}
+        return {"setup": None, "note": setup.planner_gap}
     run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
                    bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")))
@@ -362,7 +362,8 @@ def _sweep(opts: Options, progress) -> int:
         elif done:  # a failed repeat keeps the measured row and says so
             row = {**rows[setup.name], "repeat_failures": rows[setup.name].get("repeat_failures", []) + [row.get("error")]}
         if row["status"] == "ok":
-            row["tflops_per_gpu"] = flops * row["tokens_per_s"] / opts.nproc / 1e12
+            row_flops = flops_per_token(shape, opts.seq, tied, frozen_base=True) if setup.lora else flops
+            row["tflops_per_gpu"] = row_flops * row["tokens_per_s"] / opts.nproc / 1e12
         row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
         rows[setup.name] = row
         data["results"] = list(rows.values())

@@ -7,8 +7,9 @@ setup comes at micro batch 4 and as "NAME+gc" at micro batch 8 with gradient che
 Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup name and each key is
 ``mbs``, ``gc``, ``env.VAR`` (an environment variable of the workers), ``args.FIELD`` (a TrainingArguments
 field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``),
-``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``) or a dotted
-DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
+``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``),
+``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``)
+or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
 """
 
@@ -71,6 +72,7 @@ class Setup:
     env: dict = field(default_factory=dict)  # extra environment variables of the workers
     torchrun: dict = field(default_factory=dict)  # extra torchrun options (name without "--" -> value)
     dynamo: dict = field(default_factory=dict)  # torch._dynamo.config settings of the workers
+    lora: dict = field(default_factory=dict)  # peft.LoraConfig fields; empty: full fine-tuning
     base: str = ""  # the named setup it derives from
 
     @property
@@ -78,12 +80,21 @@ class Setup:
         return get_dotted(self.deepspeed, "zero_optimization.stage") if self.deepspeed else None
 
     @property
+    def planner_gap(self) -> str | None:
+        """Why the planner has no prediction for this setup, or None."""
+        if self.kind == "fsdp":
+            return "the planner has no FSDP model"
+        if self.lora:
+            return "the planner does not model LoRA (a frozen base without gradients or optimizer states)"
+        return None
+
+    @property
     def planner_setup(self) -> str | None:
-        """The planner's name for this setup (it has no FSDP model)."""
+        """The planner's name for this setup (None: see planner_gap)."""
+        if self.planner_gap:
+            return None
         if self.kind == "ddp":
             return "ddp"
-        if self.kind == "fsdp":
-            return None
         offload = get_dotted(self.deepspeed, "zero_optimization.offload_optimizer.device") not in (None, "none")
         if self.stage == 3:
             return "zero3_offload" if offload else "zero3"
@@ -145,6 +156,19 @@ def _torchrun_problem(option: str, value: str) -> str | None:
     return f"torchrun has no option --{option}" if unknown else None
 
 
+def _lora_problem(name: str) -> str | None:
+    """Ask peft's own LoraConfig, so a misspelt field fails here rather than in every rank of a launch."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        return f"lora.{name}: peft is not installed (pip install peft)"
+    if name == "task_type":
+        return "lora.task_type: the benchmark trains a causal LM (CAUSAL_LM); leave it out"
+    if name not in LoraConfig.__dataclass_fields__:
+        return f"peft.LoraConfig has no field {name!r}"
+    return None
+
+
 def parse_variant(spec: str, known: dict) -> Setup:
     """``NAME=BASE:key=value,...`` -> a Setup derived from the setup BASE (see the module docstring)."""
     name, sep, rest = spec.partition("=")
@@ -202,9 +226,15 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 problems.append(f"torch._dynamo.config has no setting {name!r}")
             else:
                 setup.dynamo[name] = value
+        elif key.startswith("lora."):
+            problem = _lora_problem(key.removeprefix("lora."))
+            if problem:
+                problems.append(problem)
+            else:
+                setup.lora[key.removeprefix("lora.")] = value
         elif setup.kind != "deepspeed":
             problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD, "
-                            "torchrun.OPTION or dynamo.NAME")
+                            "torchrun.OPTION, dynamo.NAME or lora.FIELD")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed

@@ -215,6 +215,11 @@ def main(argv=None):
     args = build_args(spec, setup)
     model = build_model(spec, setup)
     partitioned = hf_zero.is_partitioned(model)
+    if setup.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        # after zero.Init: the base stays partitioned, the adapter is created whole and partitioned by the engine
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup["lora"]))
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size
