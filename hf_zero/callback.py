@@ -169,6 +169,11 @@ class ZeroCallback(TrainerCallback):
                 zero["stage3_gather_16bit_weights_on_model_save"] = True
                 self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
+            from .lora import no_leaf_modules_with_frozen_weights
+
+            note = no_leaf_modules_with_frozen_weights(model, config)
+            if note:
+                self._warn(note)
             self._compile_blocks_not_hooks(model, config)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.

@@ -158,6 +158,29 @@ def adapter_problems(folder, model=None, adapter_name: str = "default") -> list:
     return problems
 
 
+def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
+    """Under ZeRO-3, set ``stage3_module_granularity_threshold`` to 0 in ``config`` (the live dict the engine is
+    built from) when the model has frozen parameters; returns a note, or None when nothing changed.
+
+    The threshold makes DeepSpeed turn modules into ZeRO-3 leaves, and DeepSpeed 0.19.8 loses a leaf's frozen
+    weights before their backward: with the zero3 preset (threshold 5e6) a PEFT LoRA 1.35B Llama failed at the
+    first backward on 2x H200 (RuntimeError: output with shape [1] doesn't match the broadcast shape [2048, 16]),
+    and trained with the threshold at 0 (hf_zero/bench/results/2xH200/sweeps)."""
+    from .rules import LEAF_THRESHOLD
+
+    zero = config.get("zero_optimization") or {}
+    threshold = zero.get(LEAF_THRESHOLD, 0)
+    if zero.get("stage") != 3 or not isinstance(threshold, (int, float)) or threshold <= 0:
+        return None
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    if not frozen:
+        return None
+    zero[LEAF_THRESHOLD] = 0
+    return (f"{LEAF_THRESHOLD} set to 0 (was {threshold:g}): the model has frozen parameters (LoRA/adapters), and "
+            "DeepSpeed loses a ZeRO-3 leaf module's frozen weights before their backward (RuntimeError: output with "
+            "shape [1] doesn't match the broadcast shape ...); each Linear is fetched on its own instead")
+
+
 def checkpointing_problems(model, args, deepspeed_version: str | None = None) -> list:
     """Why gradient checkpointing of this PEFT model would crash under ZeRO-3; [] if it will not.
 

@@ -179,3 +179,30 @@ def test_lora_on_gpt2_conv1d_one_process(tiny_models, tmp_path):
     assert set(result["lora_numel_on_rank0"].values()) == {0}
     assert_adapter_equals_trained(tiny_models["gpt2"], tmp_path / "adapter", _expected(tmp_path))
     assert_adapter_equals_trained(tiny_models["gpt2"], tmp_path / "final", _expected(tmp_path))
+
+
+def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_zero.lora import no_leaf_modules_with_frozen_weights
+    from hf_zero.presets import load_config
+
+    def build():
+        return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+
+    lora = get_peft_model(build(), LoraConfig(r=2, target_modules=["q_proj"]))
+    config = load_config("zero3")  # the preset's threshold, tuned on GPUs
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] > 0
+    note = no_leaf_modules_with_frozen_weights(lora, config)
+    assert "frozen parameters" in note and "set to 0" in note
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    # quiet: every parameter trains, the threshold is already 0, or stage 2 (no leaves)
+    full = load_config("zero3")
+    assert no_leaf_modules_with_frozen_weights(build(), full) is None
+    assert full["zero_optimization"]["stage3_module_granularity_threshold"] > 0
+    assert no_leaf_modules_with_frozen_weights(lora, config) is None
+    stage2 = load_config("zero2")
+    stage2["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
+    assert no_leaf_modules_with_frozen_weights(lora, stage2) is None
