@@ -172,8 +172,8 @@ def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
     threshold = zero.get(LEAF_THRESHOLD, 0)
     if zero.get("stage") != 3 or not isinstance(threshold, (int, float)) or threshold <= 0:
         return None
-    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    if not frozen:
+    # requires_grad, not numel: under zero.Init a parameter's numel() is its partition's, 0 on most ranks
+    if all(p.requires_grad for p in model.parameters()):
         return None
     zero[LEAF_THRESHOLD] = 0
     return (f"{LEAF_THRESHOLD} set to 0 (was {threshold:g}): the model has frozen parameters (LoRA/adapters), and "
