@@ -182,6 +182,7 @@ def test_lora_on_gpt2_conv1d_one_process(tiny_models, tmp_path):
 
 
 def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -198,6 +199,11 @@ def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
     note = no_leaf_modules_with_frozen_weights(lora, config)
     assert "frozen parameters" in note and "set to 0" in note
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    # zero.Init leaves each parameter's .data empty (its partition lives in ds_tensor): numel() is 0 everywhere
+    partitioned = get_peft_model(build(), LoraConfig(r=2, target_modules=["q_proj"]))
+    for param in partitioned.parameters():
+        param.data = torch.empty(0)
+    assert no_leaf_modules_with_frozen_weights(partitioned, load_config("zero3")) is not None
     # quiet: every parameter trains, the threshold is already 0, or stage 2 (no leaves)
     full = load_config("zero3")
     assert no_leaf_modules_with_frozen_weights(build(), full) is None
