@@ -222,10 +222,10 @@ def environment_lines(rows: list) -> list:
         return []
     common = {k: val for k, val in envs[0].items() if all(e.get(k) == val for e in envs[1:])}
     lines = [f"Environment the harness set for every setup's workers: {_env_text(common)}."] if common else []
-    for row, env in zip(rows, envs):
-        own = {k: val for k, val in env.items() if k not in common}
-        if own:
-            lines.append(f"- `{row['name']}` also: {_env_text(own)}")
+    own = [(row["name"], {k: val for k, val in env.items() if k not in common}) for row, env in zip(rows, envs)]
+    if any(env for _, env in own):
+        lines += ["Environment set for single setups:", ""]
+        lines += [f"- `{name}`: {_env_text(env)}" for name, env in own if env]
     return lines
 
 
@@ -267,6 +267,9 @@ def render_markdown(data: dict) -> str:
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
     lines += environment_lines(data["results"])
+    if data.get("replanned"):
+        lines += ["", f"The planner column was recomputed on {data['replanned']} with the planner of that date "
+                     "(`hf-zero bench --report results.json --replan`), not the one that ran with the sweep."]
     lines.append("")
     lines += [f"- `{r['command']}` ({r['date']}, {len(r['setups'])} setup(s))" for r in data.get("runs", [])]
     return "\n".join(lines) + "\n"

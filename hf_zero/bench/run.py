@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from ..distributed import free_port
 from ..errors import ConfigError
 from ..planner import GIB, ModelShape, RunShape, estimate
 from .model import build_config, flops_per_token, params_text, resolve_model
-from .setups import reduce_bucket, select
+from .setups import Setup, reduce_bucket, select
 
 SCHEMA = 1
 PLANNER_TOLERANCE = 0.15  # the issue's target: each plan within +-15% of the measured peak
@@ -250,6 +250,21 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
     else:
         row["note"] = "measured on CPU as peak RSS (libraries included): not comparable with the plan"
     return row
+
+
+def replan(data: dict) -> int:
+    """Recompute, in place, every row's planner prediction with the installed planner (after it was
+    recalibrated on new measurements), and note when; returns the number of rows."""
+    fingerprint = data["fingerprint"]
+    shape = ModelShape.from_config(build_config(fingerprint["model_config"]), name=fingerprint["model"])
+    opts = Options(nproc=fingerprint["nproc"], seq=fingerprint["seq"])
+    known = {f.name for f in fields(Setup)}
+    rows = [row for row in data["results"] if "setup" in row]
+    for row in rows:  # rows from older versions lack newer Setup fields: their defaults apply
+        setup = Setup(**{k: v for k, v in row["setup"].items() if k in known})
+        row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
+    data["replanned"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return len(rows)
 
 
 def _fingerprint(opts: Options, model: tuple, device: str) -> dict:

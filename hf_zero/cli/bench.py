@@ -1,5 +1,6 @@
 """``hf-zero bench``: DDP, FSDP, HF "auto" DeepSpeed configs and the hf_zero presets, side by side."""
 
+import json
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -45,13 +46,14 @@ def add_parser(subparsers):
                         "with every launch's value: between-sweep drift then hits all setups alike")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
+    p.add_argument("--replan", action="store_true",
+                   help="with --report: first recompute the planner's predictions with this hf_zero's planner and "
+                        "write them into the JSON (after the planner was recalibrated)")
     p.set_defaults(run=run)
     return p
 
 
 def _list(opts) -> int:
-    import json
-
     from ..bench.run import _gpu_count, resolve_defaults
     from ..bench.setups import select
 
@@ -67,11 +69,19 @@ def _list(opts) -> int:
 
 
 def run(args) -> int:
+    if args.replan and not args.report:
+        raise ConfigError("--replan recomputes the planner column of an existing results.json: pass it with --report PATH")
     if args.report:
         from ..bench.report import load, write_reports
 
         path = Path(args.report)
-        written = write_reports(load(path), args.out or path.parent)
+        data = load(path)
+        if args.replan:
+            from ..bench.run import replan
+
+            print(f"replanned {replan(data)} row(s) with the installed planner")
+            path.write_text(json.dumps(data, indent=1) + "\n")
+        written = write_reports(data, args.out or path.parent)
         print("wrote " + ", ".join(map(str, written)))
         return 0
     from ..bench.run import Options, run_bench
