@@ -85,6 +85,9 @@ def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
     assert "does not model LoRA" in lora["planner"]["note"] and zero3["planner"]["predicted_gib"] > 0
     # no weight gradients for the frozen base: 4N instead of 6N per token
     assert lora["tflops_per_gpu"] / lora["tokens_per_s"] < zero3["tflops_per_gpu"] / zero3["tokens_per_s"]
+    table_row = next(line for line in report.table(data).splitlines() if line.startswith("| z3lora |"))
+    assert table_row.split(" | ")[4] == ""  # no % DDP: it trains an adapter, DDP the whole model
+    assert "count 4N" in report.render_markdown(data)
 
 
 @pytest.mark.multiproc

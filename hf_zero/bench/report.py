@@ -34,9 +34,14 @@ def _ok(rows: dict, name: str):
     return row if row and row.get("status") == "ok" else None
 
 
+def is_lora(row: dict) -> bool:
+    return bool((row.get("setup") or {}).get("lora"))
+
+
 def reference(rows: dict, row: dict, base: str):
-    """The DDP / FSDP row to compare with: same gradient-checkpointing setting (so the same micro batch)."""
-    return _ok(rows, base + ("+gc" if row.get("gradient_checkpointing") else ""))
+    """The DDP / FSDP row to compare with: same gradient-checkpointing setting (so the same micro batch).
+    None for a LoRA row: it trains an adapter, not the model those rows train."""
+    return None if is_lora(row) else _ok(rows, base + ("+gc" if row.get("gradient_checkpointing") else ""))
 
 
 def _gpu_memory(row) -> float | None:
@@ -239,7 +244,10 @@ def render_markdown(data: dict) -> str:
              "(with --repeat: the median over launches, ± half their range, n launches). "
              "% DDP / % FSDP compare with the DDP / FSDP row of the same gradient-checkpointing setting. "
              "TFLOP/s are model FLOPs (6N + 12 L h seq per token, no recompute). Peak memory is the maximum over "
-             "ranks, reset after the model and engine were built.", "",
+             "ranks, reset after the model and engine were built."
+             + (" Rows with a LoRA adapter (`lora.*` variants) count 4N (no weight gradients for the frozen base) and "
+                "are not compared with DDP / FSDP, which train every weight." if any(map(is_lora, data["results"])) else ""),
+             "",
              "Setups: `ddp` is the Trainer's DDP (find_unused_parameters off), `fsdp` the Trainer's "
              "`fsdp=\"full_shard auto_wrap\"`, `ds_auto_zero2/3` the ZeRO-2/3 configs of the transformers DeepSpeed "
              "docs with `\"auto\"` buckets (their offload blocks left out), the others hf_zero's presets "
