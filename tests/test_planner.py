@@ -26,6 +26,7 @@ MEASURED = [
     ("zero2", LLAMA_1B, 2, 4, False, False, 20.7),
     ("zero3", LLAMA_1B, 2, 4, False, False, 23.1),
     ("zero3_offload", LLAMA_1B, 2, 4, False, False, 13.1),
+    ("zero2_offload", LLAMA_1B, 2, 4, False, False, 13.36),
     ("zero2", LLAMA_1B, 2, 8, True, False, 15.1),
     ("zero3", LLAMA_1B, 2, 8, True, False, 16.7),
     ("zero3", LLAMA_8B, 2, 2, True, False, 66.6),
