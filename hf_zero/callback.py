@@ -169,11 +169,7 @@ class ZeroCallback(TrainerCallback):
                 zero["stage3_gather_16bit_weights_on_model_save"] = True
                 self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
-            from .lora import no_leaf_modules_with_frozen_weights
-
-            note = no_leaf_modules_with_frozen_weights(model, config)
-            if note:
-                self._warn(note)
+            self._frozen_weights_under_zero3(model, config)
             self._compile_blocks_not_hooks(model, config)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
@@ -198,6 +194,26 @@ class ZeroCallback(TrainerCallback):
         problems = checkpointing_problems(model, args)
         if problems:
             raise ConfigError(problems)
+
+    def _frozen_weights_under_zero3(self, model, config) -> None:
+        """LoRA/adapters under ZeRO-3: no leaf modules (DeepSpeed breaks them), and ZeRO-2 advice where it fits."""
+        from .lora import no_leaf_modules_with_frozen_weights, zero2_advice
+
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        if not frozen:
+            return
+        note = no_leaf_modules_with_frozen_weights(model, config)
+        if note:
+            self._warn(note)
+        gpu_bytes = None
+        if has_gpu():
+            import torch
+
+            gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        # ds_numel: a zero.Init partition's full size (its numel() is 0)
+        advice = zero2_advice(sum(getattr(p, "ds_numel", p.numel()) for p in frozen), gpu_bytes)
+        if advice:
+            self._warn(advice)
 
     def _compile_blocks_not_hooks(self, model, config) -> None:
         accelerator = getattr(self.trainer, "accelerator", None)

@@ -212,3 +212,18 @@ def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
     stage2 = load_config("zero2")
     stage2["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
     assert no_leaf_modules_with_frozen_weights(lora, stage2) is None
+
+
+def test_zero2_advice_for_a_lora_base_that_fits_each_gpu():
+    from hf_zero.lora import zero2_advice
+
+    h200 = 141 * 1024**3
+    advice = zero2_advice(1_350_000_000, h200)  # the measured case: 2.5 GiB of base on a 141 GiB GPU
+    assert "recipes/zero2.json" in advice and "71.0k tokens/s" in advice and "1.35B" in advice
+    assert zero2_advice(70_000_000_000, 80 * 1024**3) is None  # 130 GiB of base: ZeRO-3 is what fits
+    assert zero2_advice(1_350_000_000, None) is None  # no GPU to compare with (CPU runs)
+
+
+def test_no_zero2_advice_in_cpu_lora_runs(lora_run):
+    _, result = lora_run
+    assert not any("ZeRO-2 holds the whole base" in w for w in result["warnings"]), result["warnings"]
