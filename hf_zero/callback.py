@@ -10,7 +10,7 @@ from transformers.trainer_utils import rotate_checkpoints
 
 from .checkpoint import set_aside_partial, training_state_problems
 from .config import check_config
-from .distributed import barrier, has_gpu, world_size
+from .distributed import barrier, gpu_memory_bytes, has_gpu, world_size
 from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
@@ -205,13 +205,8 @@ class ZeroCallback(TrainerCallback):
         note = no_leaf_modules_with_frozen_weights(model, config)
         if note:
             self._warn(note)
-        gpu_bytes = None
-        if has_gpu():
-            import torch
-
-            gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         # ds_numel: a zero.Init partition's full size (its numel() is 0)
-        advice = zero2_advice(sum(getattr(p, "ds_numel", p.numel()) for p in frozen), gpu_bytes)
+        advice = zero2_advice(sum(getattr(p, "ds_numel", p.numel()) for p in frozen), gpu_memory_bytes())
         if advice:
             self._warn(advice)
 

@@ -18,6 +18,15 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_memory_bytes() -> int | None:
+    """Total memory of this process's GPU; None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
 from ..planner import GIB, SETUPS, ModelShape, RunShape, make_plan
 
@@ -52,11 +53,10 @@ def load_model_config(model: str):
 def _gpu_mem(args) -> float:
     if args.gpu_mem:
         return args.gpu_mem
-    import torch
-
-    if not torch.cuda.is_available():
+    total = gpu_memory_bytes()
+    if total is None:
         raise ConfigError("no GPU here to read its memory from; pass --gpu-mem GiB (e.g. 80 for an A100/H100 80GB)")
-    return torch.cuda.get_device_properties(0).total_memory / GIB
+    return total / GIB
 
 
 def render(plan) -> str:

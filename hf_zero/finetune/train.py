@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import HfArgumentParser, Trainer
 
 from .. import ConfigError, TrainingArguments, attach, shutdown
-from ..distributed import has_gpu, is_main_process
+from ..distributed import gpu_memory_bytes, has_gpu, is_main_process
 from ..training_args import accelerate_deepspeed_file
 from .args import FinetuneArguments
 from .task import build_task, check_model_source, load_model, load_tokenizer, summarise_metrics
@@ -31,14 +31,13 @@ def _default_recipe(model: str, trust_remote_code: bool = False) -> str:
     """zero3 on CPU (memory is the limit there) and for models whose Adam states would crowd one GPU; else zero2."""
     if not has_gpu():
         return "zero3"
-    import torch
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModel
 
     with init_empty_weights():
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         n = sum(p.numel() for p in AutoModel.from_config(config, trust_remote_code=trust_remote_code).parameters())
-    return "zero3" if n * 16 > 0.5 * torch.cuda.get_device_properties(0).total_memory else "zero2"
+    return "zero3" if n * 16 > 0.5 * gpu_memory_bytes() else "zero2"
 
 
 def parse(argv):
