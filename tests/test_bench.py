@@ -20,7 +20,7 @@ from hf_zero.bench.run import (Options, _error_line, child_env, measured_launche
 from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
-from hf_zero.bench.worker import compare_weights, engine_problem
+from hf_zero.bench.worker import PadToLongest, RandomTokens, compare_weights, engine_problem
 from hf_zero.cli import main
 from hf_zero.errors import ConfigError
 
@@ -28,7 +28,8 @@ from hf_zero.errors import ConfigError
 # must record with its error and survive.
 BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
 LORA = "z3lora=zero3:lora.r=4,lora.lora_alpha=8"  # a PEFT LoRA adapter on the frozen, partitioned model
-SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
+VARIABLE = "var=zero2:data.min_seq=16,data.pad_to_multiple_of=8"  # batches padded to their longest sample
+SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--variant", VARIABLE, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
          "--profile-steps", "1", "--memory-snapshot"]
 
 
@@ -52,7 +53,7 @@ def _row(data, name):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_sweep_measures_ddp_and_zero3(sweep):
     out, proc, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -70,11 +71,11 @@ def test_sweep_measures_ddp_and_zero3(sweep):
     assert data["model"]["params"] > 0 and data["model"]["flops_per_token"] > 0
     run = data["runs"][-1]
     assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("hf-zero bench")
-    assert "[1/4] ddp:" in proc.stdout and "[2/4] zero3:" in proc.stdout
+    assert "[1/5] ddp:" in proc.stdout and "[2/5] zero3:" in proc.stdout
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
     _, _, data = sweep
     lora, zero3 = _row(data, "z3lora"), _row(data, "zero3")
@@ -91,7 +92,22 @@ def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+def test_variable_length_variant_counts_real_tokens(sweep):
+    _, _, data = sweep
+    var, full = _row(data, "var"), _row(data, "ddp")
+    assert var["status"] == "ok" and var["engine"] == "DeepSpeedEngine", var
+    stats = var["data"]
+    assert 16 <= stats["mean_sample_tokens"] < 32 and 0 < stats["padding_share"] < 1
+    assert all(w % 8 == 0 and w <= 32 for w in stats["batch_widths"])
+    # real tokens only: fewer than the full batches of 4 x 32 tokens on 2 ranks
+    assert var["tokens_per_step"] < full["tokens_per_step"] == 4 * 32 * 2
+    assert var["tflops_per_gpu"] > 0 and "data" not in full
+    assert "`var`: samples of 16..32 tokens" in report.render_markdown(data)
+
+
+@pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     out, proc, data = sweep
     assert proc.returncode == 1, proc.stderr[-3000:]  # a failed setup: results written, exit 1
@@ -99,12 +115,12 @@ def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     assert broken["status"] == "failed"
     assert "num_workers" in broken["error"] and "Error" in broken["error"], broken["error"]
     assert (out / broken["log"]).exists() and broken["log_tail"]
-    assert "[3/4] broken: FAILED" in proc.stdout
-    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken", "z3lora"]
+    assert "[3/5] broken: FAILED" in proc.stdout
+    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken", "z3lora", "var"]
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_sweep_writes_table_and_chart(sweep, tmp_path):
     out, _, data = sweep
     md = (out / "results.md").read_text()
@@ -121,7 +137,7 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_profiled_step_shows_whose_code_ran(sweep):
     out, _, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -142,7 +158,7 @@ def test_profiled_step_shows_whose_code_ran(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 4 setups (~1.5 min); make test-long
+@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
 def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     out, _, data = sweep
     merged = tmp_path / "merged"
@@ -254,15 +270,50 @@ def test_variant_parsing():
     assert parse_variant("c=zero3:dynamo.recompile_limit=64", known).dynamo == {"recompile_limit": 64}
     assert parse_variant("l=zero3:lora.r=16,lora.target_modules=[\"q_proj\"]", known).lora == {"r": 16, "target_modules": ["q_proj"]}
     assert parse_variant("l=fsdp:lora.r=8", known).lora == {"r": 8}  # not a DeepSpeed key: any base takes it
+    assert parse_variant("v=fsdp:data.min_seq=256,data.pad_to_multiple_of=64", known).data == {
+        "min_seq": 256, "pad_to_multiple_of": 64}
+    assert known["fsdp"].data == {}
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
                        ("z=zero3:=5", "not key=value"), ("n=ddp:torchrun.numa-binding=close", "invalid choice"),
                        ("n=ddp:torchrun.numa-bind=node", "no option --numa-bind"),
                        ("n=ddp:torchrun.master-port=1", "the harness sets it"),
                        ("c=zero3:dynamo.recompile_limt=64", "no setting 'recompile_limt'"),
-                       ("l=zero3:lora.rank=8", "LoraConfig has no field 'rank'"), ("l=zero3:lora.task_type=SEQ_CLS", "CAUSAL_LM")):
+                       ("l=zero3:lora.rank=8", "LoraConfig has no field 'rank'"), ("l=zero3:lora.task_type=SEQ_CLS", "CAUSAL_LM"),
+                       ("v=zero3:data.min_len=8", "data.min_len: unknown"), ("v=zero3:data.min_seq=0", "positive integer"),
+                       ("v=zero3:data.pad_to_multiple_of=8", "give data.min_seq too")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
+
+
+def test_variable_length_batches_are_padded_to_their_longest_sample_and_counted():
+    data = RandomTokens(vocab=50, seq=32, length=8, pool=8, min_seq=5)
+    lengths = [len(data[i]["input_ids"]) for i in range(8)]
+    assert min(lengths) >= 5 and max(lengths) <= 32 and len(set(lengths)) > 1
+    assert [len(data[i]["input_ids"]) for i in range(8)] == lengths  # the same lengths on every rank and launch
+    assert {len(RandomTokens(50, 32, 4, pool=4)[i]["input_ids"]) for i in range(4)} == {32}  # quiet: full length
+
+    collate = PadToLongest(multiple=8)
+    batch = collate([data[0], data[1]])
+    width = -(-max(lengths[:2]) // 8) * 8
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, width)
+    assert batch["attention_mask"].sum().item() == sum(lengths[:2]) == collate.real_tokens[0]
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never a target
+    assert collate.padded_tokens == [2 * width] and collate.sample_lengths == lengths[:2]
+    assert PadToLongest()([data[0], data[1]])["input_ids"].shape[1] == max(lengths[:2])
+
+
+def test_variable_length_rows_are_described_and_not_compared_with_full_batches():
+    rows = [{"name": "zero3", "status": "ok", "gradient_checkpointing": False, "setup": {}},
+            {"name": "v", "status": "ok", "gradient_checkpointing": False, "setup": {"data": {"min_seq": 256}},
+             "data": {"min_seq": 256, "mean_sample_tokens": 640.2, "padding_share": 0.21, "batch_widths": [700, 1024]},
+             "compiled_graphs": 3}]
+    by_name = {r["name"]: r for r in rows}
+    assert report.reference(by_name, rows[1], "zero3") is None
+    assert report.reference(by_name, rows[0], "zero3") is rows[0]
+    (line,) = [ln for ln in report.data_lines(rows, 1024) if ln.startswith("- ")]
+    assert "`v`: samples of 256..1024 tokens (mean 640)" in line and "21%" in line and "3 graphs compiled" in line
+    assert report.data_lines(rows[:1], 1024) == []
 
 
 def _span(cat, name, ts, dur, tid=1):

@@ -38,10 +38,37 @@ def is_lora(row: dict) -> bool:
     return bool((row.get("setup") or {}).get("lora"))
 
 
+def is_variable_length(row: dict) -> bool:
+    return bool((row.get("setup") or {}).get("data"))
+
+
 def reference(rows: dict, row: dict, base: str):
     """The DDP / FSDP row to compare with: same gradient-checkpointing setting (so the same micro batch).
-    None for a LoRA row: it trains an adapter, not the model those rows train."""
-    return None if is_lora(row) else _ok(rows, base + ("+gc" if row.get("gradient_checkpointing") else ""))
+    None for a LoRA row (it trains an adapter, not the model those rows train) and for a variable-length
+    row (its batches are shorter and padded, theirs are full)."""
+    if is_lora(row) or is_variable_length(row):
+        return None
+    return _ok(rows, base + ("+gc" if row.get("gradient_checkpointing") else ""))
+
+
+def data_lines(rows: list, seq: int) -> list:
+    """One line per variable-length row: what its batches were, and how often torch.compile compiled."""
+    lines = []
+    for row in rows:
+        data = row.get("data")
+        if not (is_variable_length(row) and data):
+            continue
+        padded = f", padded to a multiple of {data['pad_to_multiple_of']}" if data.get("pad_to_multiple_of") else ""
+        widths = data.get("batch_widths") or []
+        graphs = f"; {row['compiled_graphs']} graphs compiled" if row.get("compiled_graphs") else ""
+        lines.append(f"- `{row['name']}`: samples of {data['min_seq']}..{seq} tokens (mean "
+                     f"{data['mean_sample_tokens']:.0f}){padded}; timed batches {min(widths)}..{max(widths)} tokens wide "
+                     f"({len(widths)} widths), "
+                     f"{data['padding_share']:.0%} of the batch was padding{graphs}")
+    if lines:
+        lines = ["Variable-length rows (`data.*` variants): each batch is padded to its longest sample; tokens/s count "
+                 "the real tokens, and these rows are not compared with DDP / FSDP, whose batches are full.", ""] + lines
+    return lines
 
 
 def _gpu_memory(row) -> float | None:
@@ -275,6 +302,9 @@ def render_markdown(data: dict) -> str:
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
     lines += environment_lines(data["results"])
+    variable = data_lines(data["results"], fp.get("seq"))
+    if variable:
+        lines += [""] + variable
     if data.get("replanned"):
         lines += ["", f"The planner column was recomputed on {data['replanned']} with the planner of that date "
                      "(`hf-zero bench --report results.json --replan`), not the one that ran with the sweep."]

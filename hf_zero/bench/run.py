@@ -286,12 +286,14 @@ def _load_existing(path: Path, fingerprint: dict, fresh: bool) -> dict | None:
     return data
 
 
-def _check_configs(setups, on_gpu: bool, nproc: int) -> None:
+def _check_configs(setups, on_gpu: bool, nproc: int, seq: int) -> None:
     """Every DeepSpeed config through hf_zero's checker before any GPU minute is spent: all problems at once."""
     from ..config import check_config
 
     problems = []
     for setup in setups:
+        if setup.data.get("min_seq", 0) > seq:
+            problems.append(f"{setup.name}: data.min_seq={setup.data['min_seq']} is longer than --seq {seq}")
         if setup.deepspeed is None:
             continue
         try:
@@ -320,7 +322,7 @@ def _sweep(opts: Options, progress) -> int:
     on_gpu = gpus > 0
     opts = resolve_defaults(opts, gpus)
     setups = select(opts.setups, opts.variants, opts.nproc)
-    _check_configs(setups, on_gpu, opts.nproc)
+    _check_configs(setups, on_gpu, opts.nproc, opts.seq)
     model = resolve_model(opts.model)
     config = build_config(model[1])
     shape = ModelShape.from_config(config, name=model[0])
@@ -377,7 +379,9 @@ def _sweep(opts: Options, progress) -> int:
         elif done:  # a failed repeat keeps the measured row and says so
             row = {**rows[setup.name], "repeat_failures": rows[setup.name].get("repeat_failures", []) + [row.get("error")]}
         if row["status"] == "ok":
-            row_flops = flops_per_token(shape, opts.seq, tied, frozen_base=True) if setup.lora else flops
+            # variable-length rows: attention counted at the mean sample length the worker saw
+            row_seq = round(row.get("data", {}).get("mean_sample_tokens", opts.seq))
+            row_flops = flops_per_token(shape, row_seq, tied, frozen_base=bool(setup.lora))
             row["tflops_per_gpu"] = row_flops * row["tokens_per_s"] / opts.nproc / 1e12
         row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
         rows[setup.name] = row

@@ -8,8 +8,9 @@ Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup n
 ``mbs``, ``gc``, ``env.VAR`` (an environment variable of the workers), ``args.FIELD`` (a TrainingArguments
 field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``),
 ``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``),
-``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``)
-or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
+``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``),
+``data.min_seq`` / ``data.pad_to_multiple_of`` (variable-length samples of min_seq..seq tokens, each batch padded
+to its longest, as DataCollatorWithPadding pads a tokenized dataset) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
 """
 
@@ -27,6 +28,7 @@ PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 BASES = ("ddp", "fsdp", "ds_auto_zero2", "ds_auto_zero3") + PRESETS
 # On one GPU there is nothing to shard or compare FSDP with; what matters there is offload vs plain.
 ONE_GPU_BASES = ("ddp", "zero2", "zero3", "zero2_offload", "zero3_offload")
+DATA_FIELDS = ("min_seq", "pad_to_multiple_of")  # variable-length batches (worker.PadToLongest)
 GROUPS = {"all": None, "nogc": False, "gc": True}  # group name -> gradient checkpointing filter
 
 _AUTO_COMMON = {
@@ -73,6 +75,7 @@ class Setup:
     torchrun: dict = field(default_factory=dict)  # extra torchrun options (name without "--" -> value)
     dynamo: dict = field(default_factory=dict)  # torch._dynamo.config settings of the workers
     lora: dict = field(default_factory=dict)  # peft.LoraConfig fields; empty: full fine-tuning
+    data: dict = field(default_factory=dict)  # DATA_FIELDS; empty: every sample is --seq tokens long
     base: str = ""  # the named setup it derives from
 
     @property
@@ -232,9 +235,17 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 problems.append(problem)
             else:
                 setup.lora[key.removeprefix("lora.")] = value
+        elif key.startswith("data."):
+            name = key.removeprefix("data.")
+            if name not in DATA_FIELDS:
+                problems.append(f"data.{name}: unknown; the data keys are {', '.join('data.' + f for f in DATA_FIELDS)}")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{key} must be a positive integer (tokens), got {raw!r}")
+            else:
+                setup.data[name] = value
         elif setup.kind != "deepspeed":
             problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD, "
-                            "torchrun.OPTION, dynamo.NAME or lora.FIELD")
+                            "torchrun.OPTION, dynamo.NAME, lora.FIELD or data.FIELD")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed
@@ -242,6 +253,8 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 node.pop(leaf, None)
         else:
             set_dotted(setup.deepspeed, key, value)
+    if setup.data and "min_seq" not in setup.data:
+        problems.append("data.pad_to_multiple_of pads variable-length samples: give data.min_seq too")
     if problems:
         raise ConfigError([f"--variant {spec!r}: {p}" for p in problems])
     return setup

@@ -32,18 +32,50 @@ CHECKPOINTING_ARG = "activation_checkpointing" if "activation_checkpointing" in 
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    """``length`` samples cycling over a small pool of random sequences: no data loading cost, little memory."""
+    """``length`` samples cycling over a small pool of random sequences: no data loading cost, little memory.
+    With ``min_seq``, each pooled sequence is cut to a length drawn from min_seq..seq (fixed per pool entry,
+    so every launch and rank sees the same lengths)."""
 
-    def __init__(self, vocab: int, seq: int, length: int, pool: int = 64):
+    def __init__(self, vocab: int, seq: int, length: int, pool: int = 64, min_seq: int | None = None):
         self.ids = torch.randint(0, vocab, (pool, seq), generator=torch.Generator().manual_seed(0))
+        self.lengths = (torch.randint(min_seq, seq + 1, (pool,), generator=torch.Generator().manual_seed(1)).tolist()
+                        if min_seq else [seq] * pool)
         self.length = length
 
     def __len__(self):
         return self.length
 
     def __getitem__(self, i):
-        ids = self.ids[i % len(self.ids)]
+        ids = self.ids[i % len(self.ids)][:self.lengths[i % len(self.ids)]]
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+class PadToLongest:
+    """Pads each batch to its longest sample (rounded up to ``multiple``), as DataCollatorWithPadding pads a
+    tokenized dataset, so compiled code sees a new sequence length from batch to batch. Records the real
+    (unpadded) tokens of every batch it builds, in order: the dataloader runs it in the main process."""
+
+    def __init__(self, multiple: int | None = None):
+        self.multiple = multiple
+        self.real_tokens, self.sample_lengths, self.padded_tokens = [], [], []
+
+    def __call__(self, samples: list) -> dict:
+        from torch.nn.utils.rnn import pad_sequence
+
+        ids = [s["input_ids"] for s in samples]
+        longest = max(len(t) for t in ids)
+        width = -(-longest // self.multiple) * self.multiple if self.multiple else longest
+        input_ids = pad_sequence(ids, batch_first=True, padding_value=0)
+        labels = pad_sequence([s["labels"] for s in samples], batch_first=True, padding_value=-100)
+        mask = pad_sequence([torch.ones_like(t) for t in ids], batch_first=True, padding_value=0)
+        extra = width - longest
+        if extra:
+            input_ids, labels, mask = (torch.nn.functional.pad(t, (0, extra), value=v)
+                                       for t, v in ((input_ids, 0), (labels, -100), (mask, 0)))
+        self.real_tokens.append(int(mask.sum()))
+        self.padded_tokens.append(mask.numel())
+        self.sample_lengths += [len(t) for t in ids]
+        return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
 
 
 class StepTimer(TrainerCallback):
@@ -93,6 +125,23 @@ def _barrier():
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def _batch_tokens(collator: PadToLongest, spec: dict) -> dict:
+    """This rank's timed batches: the collator ran in step order (the dataloader may build one batch ahead)."""
+    timed = slice(spec["warmup"], spec["steps"])
+    per_sample = len(collator.sample_lengths) // max(len(collator.real_tokens), 1)
+    return {"real": collator.real_tokens[timed], "padded": collator.padded_tokens[timed],
+            "widths": [p // per_sample for p in collator.padded_tokens[timed]],
+            "lengths": collator.sample_lengths[timed.start * per_sample:timed.stop * per_sample]}
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo compiled in this process (0 without torch.compile): one per block class and shape regime
+    when compilation settles, more when it recompiles."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def engine_problem(kind: str, engine: str, world_size: int) -> str | None:
@@ -223,8 +272,11 @@ def main(argv=None):
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size
-    data = RandomTokens(model.config.vocab_size, spec["seq"], total_steps(spec) * setup["micro_batch"] * world)
-    trainer = Trainer(model=model, args=args, train_dataset=data)
+    variable = setup.get("data") or {}
+    data = RandomTokens(model.config.vocab_size, spec["seq"], total_steps(spec) * setup["micro_batch"] * world,
+                        min_seq=variable.get("min_seq"))
+    collator = PadToLongest(variable.get("pad_to_multiple_of")) if variable else None
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
     callback = hf_zero.attach(trainer, log_memory=False) if setup["kind"] == "deepspeed" else None
     timer = StepTimer()
     trainer.add_callback(timer)
@@ -249,10 +301,21 @@ def main(argv=None):
     if spec["save"]:
         save = _save_and_check(trainer, Path(spec["workdir"]) / "saved", spec.get("keep_saved", False))
 
+    batches = _all_ranks(_batch_tokens(collator, spec)) if collator else None
     if trainer.is_world_process_zero():
         steady = timer.times[spec["warmup"]:spec["steps"]]  # the profiled steps are slower: never timed
         median = statistics.median(steady)
         tokens_per_step = setup["micro_batch"] * spec["seq"] * world
+        tokens_per_s = tokens_per_step / median
+        data_stats = None
+        if batches:
+            # steps differ in length: real tokens of all ranks over the time of all timed steps
+            real = sum(sum(rank["real"]) for rank in batches)
+            padded = sum(sum(rank["padded"]) for rank in batches)
+            tokens_per_step, tokens_per_s = real / len(steady), real / sum(steady)
+            lengths = [n for rank in batches for n in rank["lengths"]]
+            data_stats = {**variable, "mean_sample_tokens": statistics.mean(lengths), "padding_share": 1 - real / padded,
+                          "batch_widths": sorted({w for rank in batches for w in rank["widths"]})}
         train_mem = [r["train"] for r in per_rank]
         key = "alloc_gib" if "alloc_gib" in train_mem[0] else "rss_gib"
         result = {
@@ -261,13 +324,18 @@ def main(argv=None):
                        "name": torch.cuda.get_device_name() if has_gpu() else "cpu",
                        "count": torch.cuda.device_count() if has_gpu() else os.cpu_count()},
             "step_times": timer.times[:spec["steps"]], "median_step_s": median, "tokens_per_step": tokens_per_step,
-            "tokens_per_s": tokens_per_step / median,
+            "tokens_per_s": tokens_per_s,
             "memory": {"kind": "cuda" if key == "alloc_gib" else "rss", "per_rank": per_rank,
                        "peak_gib": max(m[key] for m in train_mem),
                        "peak_reserved_gib": max(m.get("reserved_gib", 0.0) for m in train_mem) if key == "alloc_gib" else None},
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
         }
+        if data_stats:
+            result["data"] = data_stats
+        graphs = _compiled_graphs()
+        if graphs:
+            result["compiled_graphs"] = graphs
         if profiler is not None:
             result["profile"] = profiler.summary()
         if recorder is not None:
