@@ -7,7 +7,7 @@ fp32 gradient partition for the optimizer, which is why its own estimators count
     setup          on each GPU                                   in host memory / on NVMe
     DDP            16 (fp32 weights, grads, Adam) + 4 (DDP's gradient buckets, when N > 1)
     zero1, zero2   2 (16-bit weights) + 16/N (fp32 master, m, v, grads)
-    zero2_offload  2 + 2 (16-bit gradients; calibrated)           16/N per rank
+    zero2_offload  2 + 2 reduce buckets, 16-bit (measured)          16/N per rank
     zero3          18/N + an fp32 step buffer of one sub-group   -
     zero3_offload  4 x the reduce bucket, 16-bit (calibrated)     18/N per rank
     zero3_nvme     as zero3_offload                                18/N per rank on NVMe
@@ -132,9 +132,11 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         gpu = {"parameters": half * psi, "gradients": 4 * psi // n, "optimizer": 12 * psi // n,
                "activations": activations, "buffers": buckets}
     elif setup == "zero2_offload":
-        # 16-bit gradients of the whole model, not of this rank's partition (calibrated: 1.35B peaked at
-        # 13.34 and 13.36 GiB on 1 and 2 H200s; a 2/N term predicted -1% and -11%)
-        gpu = {"parameters": half * psi, "gradients": half * psi, "activations": activations, "buffers": buckets}
+        # What a memory snapshot found alive at the peak (1.35B on one H200, results/1xH200/sweeps/
+        # offload_memory_snapshot.json): the 16-bit weights, the activations and DeepSpeed's two reduce
+        # buckets (setup_buckets, 16-bit, 0.93 GiB each at 5e8); the gradients go to the host bucket by bucket.
+        # Independent of N: 13.34 and 13.36 GiB on 1 and 2 H200s, 6.50 GiB with checkpointing.
+        gpu = {"parameters": half * psi, "activations": activations, "buffers": 2 * min(run.bucket, psi) * half}
         host = 16 * psi // n * run.gpus_per_node
     else:  # ZeRO-3: parameters sharded; the largest layer is gathered at a time
         # DeepSpeed allocates the whole reduce bucket as one flat gradient buffer at init (2 GB for a

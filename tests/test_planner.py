@@ -34,6 +34,8 @@ MEASURED = [
     ("zero2", LLAMA_1B, 1, 4, False, False, 27.69),
     ("zero3", LLAMA_1B, 1, 4, False, False, 31.16),
     ("zero2_offload", LLAMA_1B, 1, 4, False, False, 13.34),
+    ("zero2_offload", LLAMA_1B, 1, 8, True, False, 6.50),
+    ("zero3_offload", LLAMA_1B, 1, 8, True, False, 6.69),
     ("zero3_offload", LLAMA_1B, 1, 4, False, False, 13.06),
     ("ddp", LLAMA_1B, 2, 4, False, True, 32.82),
     ("zero2", LLAMA_1B, 2, 4, False, True, 17.64),
