@@ -31,6 +31,24 @@ def test_recipes_writes_nvme_config_and_accelerate_yaml(tmp_path, capsys):
     assert f"deepspeed_config_file: {out}" in yaml_out.read_text()
 
 
+def test_recipes_torch_compile_writes_accelerates_dynamo_config(tmp_path, capsys):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    plain, compiled = tmp_path / "plain.yaml", tmp_path / "compiled.yaml"
+    assert main(["recipes", "zero2", "--accelerate-config", str(plain)]) == 0
+    assert main(["recipes", "zero2", "--accelerate-config", str(compiled), "--torch-compile"]) == 0
+    assert load_config_from_file(str(plain)).dynamo_config == {}  # quiet: the shipped preset compiles nothing
+    config = load_config_from_file(str(compiled))  # Accelerate's own reader
+    assert config.dynamo_config == {"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True}
+    assert config.deepspeed_config["deepspeed_config_file"].endswith("zero2.json")
+    assert "note:" not in capsys.readouterr().err
+    assert main(["recipes", "zero3", "--accelerate-config", str(compiled), "--torch-compile"]) == 0
+    assert "ZeroCallback" in capsys.readouterr().err  # ZeRO-3: compile through the Trainer and the callback
+    assert load_config_from_file(str(compiled)).dynamo_config["dynamo_use_regional_compilation"] is True
+    assert main(["recipes", "zero2", "--torch-compile"]) == 2
+    assert "add --accelerate-config" in capsys.readouterr().err
+
+
 def test_check_preset_clean(capsys):
     assert main(["check", "zero2", "--cpu"]) == 0
     assert "OK" in capsys.readouterr().out

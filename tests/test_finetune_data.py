@@ -74,6 +74,10 @@ def test_classification_string_labels(tokenizer):
     assert max(len(ids) for ids in train["input_ids"]) == 4  # truncated to max_length
     collated = data.data_collator("classification", tokenizer)([train[0], train[1]])
     assert collated["labels"].tolist() == [0, 1]
+    assert collated["input_ids"].shape[1] == max(len(train[i]["input_ids"]) for i in (0, 1))  # CPU: to the longest
+    aligned = data.data_collator("classification", tokenizer, data.GPU_PAD_MULTIPLE)([train[0], train[1]])
+    assert aligned["input_ids"].shape[1] == data.GPU_PAD_MULTIPLE == aligned["attention_mask"].shape[1]
+    assert aligned["attention_mask"].sum() == collated["attention_mask"].sum()  # only padding was added
 
 
 def test_classification_labels_filter_and_order(tokenizer):
@@ -176,6 +180,9 @@ def test_chat_multi_turn_and_truncation(tokenizer):
     assert all(row["labels"][i] == data.IGNORE_INDEX for i in user_positions)
     collated = data.data_collator("chat", tokenizer)([row, row])
     assert collated["labels"].shape == collated["input_ids"].shape
+    aligned = data.data_collator("chat", tokenizer, 64)([row, row])
+    assert aligned["labels"].shape == aligned["input_ids"].shape == (2, 64)
+    assert (aligned["labels"][:, collated["labels"].shape[1]:] == data.IGNORE_INDEX).all()  # padding is no target
 
     # Truncation that cuts off every answer leaves nothing to learn: a clear error.
     with pytest.raises(ValueError, match="no row of split 'train' has an assistant answer within max_length=5"):

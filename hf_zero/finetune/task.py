@@ -56,7 +56,11 @@ def build_task(ft, tokenizer) -> Task:
         train = train.select(range(min(ft.max_train_samples, len(train))))
     if ft.max_eval_samples:
         evaluation = evaluation.select(range(min(ft.max_eval_samples, len(evaluation))))
-    return Task(train, evaluation, task_data.data_collator(ft.task, tokenizer), compute_metrics, model_kwargs)
+    from ..distributed import has_gpu
+
+    pad_multiple = task_data.GPU_PAD_MULTIPLE if has_gpu() else None  # on CPU alignment buys nothing
+    collator = task_data.data_collator(ft.task, tokenizer, pad_multiple)
+    return Task(train, evaluation, collator, compute_metrics, model_kwargs)
 
 
 def load_model(ft, task: Task, source=None, **kwargs):
