@@ -26,6 +26,8 @@ from accelerate.utils.other import is_repeated_blocks
 from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as ZeroInit
 from deepspeed.utils import set_z3_leaf_module
 
+from .lora import has_frozen_parameters
+
 
 def repeated_blocks(module: torch.nn.Module) -> list:
     """The blocks of the outermost repeated ModuleLists (decoder layers, not the experts inside them), as
@@ -62,7 +64,7 @@ def take_over_zero3_compile(accelerator, model: torch.nn.Module, config: dict) -
     blocks = repeated_blocks(model)
     if not blocks:
         return None  # no repeated blocks: leave Accelerate's own compile as the user asked for it
-    if any(not p.requires_grad for block in blocks for p in block.parameters()):
+    if any(has_frozen_parameters(block) for block in blocks):
         return ("torch_compile under ZeRO-3 with frozen parameters (LoRA/adapters): left to Accelerate, which compiles "
                 "DeepSpeed's parameter hooks too, so expect dynamo to hit its recompile limit and run most layers "
                 "eagerly; hf_zero compiles only block forwards when every parameter trains (hf_zero/compile.py)")

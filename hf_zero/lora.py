@@ -158,6 +158,12 @@ def adapter_problems(folder, model=None, adapter_name: str = "default") -> list:
     return problems
 
 
+def has_frozen_parameters(module) -> bool:
+    """Whether some parameter does not train (LoRA, adapters, a frozen tower). By requires_grad, not numel:
+    under zero.Init a parameter's numel() is its partition's, 0 on most ranks."""
+    return any(not p.requires_grad for p in module.parameters())
+
+
 def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
     """Under ZeRO-3, set ``stage3_module_granularity_threshold`` to 0 in ``config`` (the live dict the engine is
     built from) when the model has frozen parameters; returns a note, or None when nothing changed.
@@ -172,8 +178,7 @@ def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
     threshold = zero.get(LEAF_THRESHOLD, 0)
     if zero.get("stage") != 3 or not isinstance(threshold, (int, float)) or threshold <= 0:
         return None
-    # requires_grad, not numel: under zero.Init a parameter's numel() is its partition's, 0 on most ranks
-    if all(p.requires_grad for p in model.parameters()):
+    if not has_frozen_parameters(model):
         return None
     zero[LEAF_THRESHOLD] = 0
     return (f"{LEAF_THRESHOLD} set to 0 (was {threshold:g}): the model has frozen parameters (LoRA/adapters), and "
@@ -215,8 +220,8 @@ def checkpointing_problems(model, args, deepspeed_version: str | None = None) ->
         return []
     if (_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
         return []  # the reentrant path does not compare recomputed tensors
-    if not any(not p.requires_grad for p in unwrap_model(model).parameters()):
-        return []  # full fine-tuning: no frozen parameters
+    if not has_frozen_parameters(unwrap_model(model)):
+        return []  # full fine-tuning
     if deepspeed_version is None:
         import deepspeed
 
