@@ -136,6 +136,14 @@ def _batch_tokens(collator: PadToLongest, spec: dict) -> dict:
             "lengths": collator.sample_lengths[timed.start * per_sample:timed.stop * per_sample]}
 
 
+def _padding_stats(batches: list, real: int) -> dict:
+    """What the timed variable-length batches of all ranks were: mean sample length, padding, widths."""
+    lengths = [n for rank in batches for n in rank["lengths"]]
+    padded = sum(sum(rank["padded"]) for rank in batches)
+    return {"mean_sample_tokens": statistics.mean(lengths), "padding_share": 1 - real / padded,
+            "batch_widths": sorted({w for rank in batches for w in rank["widths"]})}
+
+
 def _compiled_graphs() -> int:
     """Graphs dynamo compiled in this process (0 without torch.compile): one per block class and shape regime
     when compilation settles, more when it recompiles."""
@@ -308,14 +316,10 @@ def main(argv=None):
         tokens_per_step = setup["micro_batch"] * spec["seq"] * world
         tokens_per_s = tokens_per_step / median
         data_stats = None
-        if batches:
-            # steps differ in length: real tokens of all ranks over the time of all timed steps
+        if batches:  # steps differ in length: real tokens of all ranks over the time of all timed steps
             real = sum(sum(rank["real"]) for rank in batches)
-            padded = sum(sum(rank["padded"]) for rank in batches)
             tokens_per_step, tokens_per_s = real / len(steady), real / sum(steady)
-            lengths = [n for rank in batches for n in rank["lengths"]]
-            data_stats = {**variable, "mean_sample_tokens": statistics.mean(lengths), "padding_share": 1 - real / padded,
-                          "batch_widths": sorted({w for rank in batches for w in rank["widths"]})}
+            data_stats = {**variable, **_padding_stats(batches, real)}
         train_mem = [r["train"] for r in per_rank]
         key = "alloc_gib" if "alloc_gib" in train_mem[0] else "rss_gib"
         result = {
