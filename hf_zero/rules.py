@@ -14,7 +14,9 @@ from .presets import get_dotted
 # zero_optimization keys that only one side of the stage-3 divide reads
 _STAGE3_ONLY = ("offload_param", "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights",
                 "zero_quantized_nontrainable_weights", "mics_shard_size")
-_STAGE12_ONLY = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "round_robin_gradients")
+# (not reduce_scatter: stage 3 reads it too; false all-reduces each contiguous bucket in place, DeepSpeed 0.19.8
+# stage3.py __reduce_and_partition_ipg_grads)
+_STAGE12_ONLY = ("allgather_partitions", "allgather_bucket_size", "round_robin_gradients")
 
 
 @dataclass

@@ -156,6 +156,8 @@ def test_stage3_keys_in_stage2_and_the_reverse(good):
     assert codes(stage2) == []
     stage2["zero_optimization"]["stage3_param_persistence_threshold"] = 10
     assert codes(stage2) == ["stage3-key-in-stage12"]
+    good["zero_optimization"]["reduce_scatter"] = False  # stage 3 reads it (in-place all-reduce of its buckets)
+    assert codes(good) == []
     good["zero_optimization"]["allgather_bucket_size"] = 10
     assert codes(good) == ["stage12-key-in-stage3"]
 
