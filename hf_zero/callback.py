@@ -14,6 +14,7 @@ from .distributed import barrier, gpu_memory_bytes, has_gpu, world_size
 from .errors import ConfigError
 from .loading import is_partitioned
 from .memory import all_ranks_memory
+from .padding import padding_advice
 from .presets import get_dotted, offload_devices
 from .rules import drop_gpu_only_settings
 from .saving import saved_model_problems
@@ -119,6 +120,9 @@ class ZeroCallback(TrainerCallback):
         if deepspeed_config_of(trainer.args) is not None:
             self._take_over_rotation(trainer.args)
             self._set_aside_partial_checkpoints(trainer.args)
+            advice = padding_advice(trainer.data_collator, has_gpu())
+            if advice:
+                self._warn(advice)
         return self
 
     def _take_over_rotation(self, args) -> None:

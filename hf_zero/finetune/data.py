@@ -281,16 +281,11 @@ def _encode_conversation(messages, tokenizer, max_length):
     return dict(enc)
 
 
-# On GPUs, batches are padded to a multiple of this many tokens. Measured with variable-length batches
-# (1.35B Llama-like model, one H200, zero2 preset; hf_zero/bench/results/1xH200/sweeps): padding to the
-# longest sample ran 8.9k tokens/s, to a multiple of 8 9.7k, of 64 11.7k; with regional torch.compile
-# 11.4k, 13.5k and 17.0k (tokens/s count real tokens, so the extra padding is paid for).
-GPU_PAD_MULTIPLE = 64
 
 
 def data_collator(task, tokenizer, pad_to_multiple_of=None):
     """The transformers collator for a task ("classification", "causal_lm" or "chat"); padded batches are
-    rounded up to ``pad_to_multiple_of`` tokens (GPU_PAD_MULTIPLE on GPUs, where aligned shapes are faster)."""
+    rounded up to ``pad_to_multiple_of`` tokens (hf_zero.padding.GPU_PAD_MULTIPLE on GPUs, measured faster)."""
     from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, default_data_collator
 
     if task == "causal_lm":
