@@ -6,6 +6,13 @@ from pathlib import Path
 
 from ..presets import accelerate_config_path, load_config, preset_descriptions, recipe_path
 
+COMPILE_HINT = "# Faster on GPUs: regional torch.compile."  # the zero2 YAML's commented-out hint, replaced
+# Accelerate's own config keys (accelerate config asks for them as dynamo_*)
+REGIONAL_COMPILE = "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_use_regional_compilation: true\n"
+ZERO3_COMPILE_NOTE = ("note: under ZeRO-3, compile through the HF Trainer with hf_zero's ZeroCallback (hf_zero.attach), "
+                      "which compiles each block's forward and keeps DeepSpeed's parameter hooks eager; a script without "
+                      "it gets Accelerate's compile of the hooks too, which measured slower than eager (hf_zero/compile.py)")
+
 
 def add_parser(subparsers):
     p = subparsers.add_parser("recipes", help="list the DeepSpeed presets, or print the path of one",
@@ -20,14 +27,6 @@ def add_parser(subparsers):
                         "steps compile)")
     p.set_defaults(run=run)
     return p
-
-
-COMPILE_HINT = "# Faster on GPUs: regional torch.compile."  # the zero2 YAML's commented-out hint, replaced
-# Accelerate's own config keys (accelerate config asks for them as dynamo_*)
-REGIONAL_COMPILE = "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_use_regional_compilation: true\n"
-ZERO3_COMPILE_NOTE = ("note: under ZeRO-3, compile through the HF Trainer with hf_zero's ZeroCallback (hf_zero.attach), "
-                      "which compiles each block's forward and keeps DeepSpeed's parameter hooks eager; a script without "
-                      "it gets Accelerate's compile of the hooks too, which measured slower than eager (hf_zero/compile.py)")
 
 
 def with_regional_compile(yaml_text: str) -> str:
