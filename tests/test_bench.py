@@ -297,9 +297,9 @@ def test_variable_length_batches_are_padded_to_their_longest_sample_and_counted(
     batch = collate([data[0], data[1]])
     width = -(-max(lengths[:2]) // 8) * 8
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, width)
-    assert batch["attention_mask"].sum().item() == sum(lengths[:2]) == collate.real_tokens[0]
+    assert batch["attention_mask"].sum().item() == sum(lengths[:2]) == sum(collate.sample_lengths[0])
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never a target
-    assert collate.padded_tokens == [2 * width] and collate.sample_lengths == lengths[:2]
+    assert collate.widths == [width] and collate.sample_lengths == [lengths[:2]]
     assert PadToLongest()([data[0], data[1]])["input_ids"].shape[1] == max(lengths[:2])
 
 

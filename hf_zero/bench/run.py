@@ -267,6 +267,10 @@ def replan(data: dict) -> int:
     return len(rows)
 
 
+def write_results(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def _fingerprint(opts: Options, model: tuple, device: str) -> dict:
     return {"model": model[0], "model_config": model[1], "nproc": opts.nproc, "seq": opts.seq,
             "steps": opts.steps, "warmup": opts.warmup, "device": device}
@@ -287,7 +291,8 @@ def _load_existing(path: Path, fingerprint: dict, fresh: bool) -> dict | None:
 
 
 def _check_configs(setups, on_gpu: bool, nproc: int, seq: int) -> None:
-    """Every DeepSpeed config through hf_zero's checker before any GPU minute is spent: all problems at once."""
+    """Every DeepSpeed config through hf_zero's checker, and every variable-length setup against --seq, before
+    any GPU minute is spent: all problems at once."""
     from ..config import check_config
 
     problems = []
@@ -386,11 +391,11 @@ def _sweep(opts: Options, progress) -> int:
         row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
         rows[setup.name] = row
         data["results"] = list(rows.values())
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_results(path, data)
         written = write_reports(data, out)
         failed += row["status"] not in ("ok", "skipped") or bool(row.get("repeat_failures"))
         progress(f"{head}: {_summary(row)}")
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_results(path, data)
     written = write_reports(data, out)
     missing = "" if len(written) >= 2 else " (no bench.png: matplotlib is not installed; re-render with --report)"
     progress(f"wrote {', '.join(map(str, [path, *written]))}{missing}")

@@ -52,12 +52,12 @@ class RandomTokens(torch.utils.data.Dataset):
 
 class PadToLongest:
     """Pads each batch to its longest sample (rounded up to ``multiple``), as DataCollatorWithPadding pads a
-    tokenized dataset, so compiled code sees a new sequence length from batch to batch. Records the real
-    (unpadded) tokens of every batch it builds, in order: the dataloader runs it in the main process."""
+    tokenized dataset, so compiled code sees a new sequence length from batch to batch. Records each batch's
+    sample lengths and width, in order: the dataloader runs it in the main process."""
 
     def __init__(self, multiple: int | None = None):
         self.multiple = multiple
-        self.real_tokens, self.sample_lengths, self.padded_tokens = [], [], []
+        self.sample_lengths, self.widths = [], []  # one entry per batch built
 
     def __call__(self, samples: list) -> dict:
         from torch.nn.utils.rnn import pad_sequence
@@ -72,9 +72,8 @@ class PadToLongest:
         if extra:
             input_ids, labels, mask = (torch.nn.functional.pad(t, (0, extra), value=v)
                                        for t, v in ((input_ids, 0), (labels, -100), (mask, 0)))
-        self.real_tokens.append(int(mask.sum()))
-        self.padded_tokens.append(mask.numel())
-        self.sample_lengths += [len(t) for t in ids]
+        self.sample_lengths.append([len(t) for t in ids])
+        self.widths.append(width)
         return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
 
 
@@ -130,10 +129,9 @@ def _barrier():
 def _batch_tokens(collator: PadToLongest, spec: dict) -> dict:
     """This rank's timed batches: the collator ran in step order (the dataloader may build one batch ahead)."""
     timed = slice(spec["warmup"], spec["steps"])
-    per_sample = len(collator.sample_lengths) // max(len(collator.real_tokens), 1)
-    return {"real": collator.real_tokens[timed], "padded": collator.padded_tokens[timed],
-            "widths": [p // per_sample for p in collator.padded_tokens[timed]],
-            "lengths": collator.sample_lengths[timed.start * per_sample:timed.stop * per_sample]}
+    lengths, widths = collator.sample_lengths[timed], collator.widths[timed]
+    return {"real": [sum(batch) for batch in lengths], "padded": [w * len(batch) for w, batch in zip(widths, lengths)],
+            "widths": widths, "lengths": [n for batch in lengths for n in batch]}
 
 
 def _padding_stats(batches: list, real: int) -> dict:

@@ -77,10 +77,10 @@ def run(args) -> int:
         path = Path(args.report)
         data = load(path)
         if args.replan:
-            from ..bench.run import replan
+            from ..bench.run import replan, write_results
 
             print(f"replanned {replan(data)} row(s) with the installed planner")
-            path.write_text(json.dumps(data, indent=1) + "\n")
+            write_results(path, data)
         written = write_reports(data, args.out or path.parent)
         print("wrote " + ", ".join(map(str, written)))
         return 0
