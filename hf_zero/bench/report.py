@@ -55,8 +55,8 @@ def data_lines(rows: list, seq: int) -> list:
     """One line per variable-length row: what its batches were, and how often torch.compile compiled."""
     lines = []
     for row in rows:
-        data = row.get("data")
-        if not (is_variable_length(row) and data):
+        data = row.get("data")  # what the worker measured: only variable-length rows that ran have it
+        if not data:
             continue
         padded = f", padded to a multiple of {data['pad_to_multiple_of']}" if data.get("pad_to_multiple_of") else ""
         widths = data.get("batch_widths") or []
