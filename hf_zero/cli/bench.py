@@ -1,5 +1,6 @@
 """``hf-zero bench``: DDP, FSDP, HF "auto" DeepSpeed configs and the hf_zero presets, side by side."""
 
+import argparse
 import json
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def add_parser(subparsers):
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="launch every setup N times, round by round (A B C A B C), and report the median tokens/s "
                         "with every launch's value: between-sweep drift then hits all setups alike")
+    p.add_argument("--simulate-ranks", type=_rank_counts, metavar="N,N,...",
+                   help="measure rank 0's memory of an N-GPU run on one GPU, for each N (e.g. 2,4,8): each setup "
+                        "runs as rank 0 of N over torch's fake process group, nothing is communicated, so speed is "
+                        "not measured; writes OUT/simulated.json, .md and .png with the planner's predictions")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
     p.add_argument("--replan", action="store_true",
@@ -51,6 +56,13 @@ def add_parser(subparsers):
                         "write them into the JSON (after the planner was recalibrated)")
     p.set_defaults(run=run)
     return p
+
+
+def _rank_counts(text: str) -> list:
+    try:
+        return [int(n) for n in text.split(",") if n]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rank counts like 2,4,8, got {text!r}") from None
 
 
 def _list(opts) -> int:
@@ -98,4 +110,8 @@ def run(args) -> int:
                    profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, repeat=args.repeat)
     if args.list:
         return _list(opts)
+    if args.simulate_ranks:
+        from ..bench.simulate import simulate
+
+        return simulate(opts, args.simulate_ranks)
     return run_bench(opts)

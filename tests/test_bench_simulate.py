@@ -1,0 +1,53 @@
+"""hf-zero bench --simulate-ranks on CPU: real DeepSpeed engines as rank 0 of N over torch's fake group."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, worker_env
+from hf_zero.bench.run import Options
+from hf_zero.bench.simulate import simulate
+from hf_zero.errors import ConfigError
+
+
+@pytest.mark.multiproc
+def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
+    cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(tmp_path), "--simulate-ranks", "2,4",
+           "--setups", "zero3", "--steps", "3", "--seq", "32"]
+    done = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((tmp_path / "simulated.json").read_text())
+    rows = {(r["name"], r["ranks"]): r for r in data["results"]}
+    assert set(rows) == {("zero3", 2), ("zero3", 4)}
+    for (name, ranks), row in rows.items():
+        assert row["status"] == "ok" and row["engine"] == "DeepSpeedEngine"
+        assert row["world_size"] == ranks  # the Trainer and DeepSpeed saw N ranks, not 1
+        # rank 0 holds 1/N of every parameter (up to DeepSpeed's padding of each partition)
+        assert row["rank0_share"] == pytest.approx(1 / ranks, rel=0.05)
+        assert row["setup"]["deepspeed"]["zero_optimization"]["stage"] == 3
+    md = (tmp_path / "simulated.md").read_text()
+    assert "| zero3 | 4 | 4 |" in md and "--simulate-ranks 2,4" in md
+    assert (tmp_path / "simulated.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_only_deepspeed_setups_and_real_rank_counts(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        simulate(Options(out=str(tmp_path), setups=["zero3", "ddp", "fsdp"], repeat=2), [1, 2], progress=lambda m: None)
+    problems = str(e.value)
+    assert "rank counts of 2 or more, got 1" in problems
+    assert "DeepSpeed setups only, not ddp, fsdp" in problems
+    assert "--repeat does not apply" in problems
+    assert not (tmp_path / "simulated.json").exists()
+
+
+def test_default_setups_are_the_deepspeed_ones(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr("hf_zero.bench.simulate._launch",
+                        lambda setup, n, *rest: launched.append(setup.name) or {"status": "failed", "error": "x",
+                                                                                  "name": setup.name, "ranks": n,
+                                                                                  "micro_batch": 4})
+    assert simulate(Options(out=str(tmp_path)), [2], progress=lambda m: None) == 1
+    assert "zero3" in launched and "zero2+gc" in launched
+    assert not {"ddp", "fsdp", "ddp+gc", "fsdp+gc"} & set(launched)
