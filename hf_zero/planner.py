@@ -1,25 +1,37 @@
 """ZeRO-aware per-GPU memory model: which setup fits a model on given GPUs, and why the others do not.
 
-Bytes per parameter Psi (bf16/fp16 mixed precision, Adam), N = data-parallel ranks over all nodes,
-as DeepSpeed allocates them. The ZeRO paper counts 16 bytes (2 + 2 + 12); DeepSpeed also keeps an
-fp32 gradient partition for the optimizer, which is why its own estimators count 18:
+A training step peaks in one of two phases, and the plan is the larger of them:
+- backward: the loss is computed and backward starts. Every activation is alive; ZeRO-1/2 hold no
+  gradients yet (set to None after the last step, then reduced into partitions bucket by bucket).
+  When the first gradients are reduced, the loss and logits are freed and the reduce buckets
+  allocated; for the presets that overlap communication (two buckets) that moment is the peak.
+- optimizer step: the activations are gone; DeepSpeed turns the 16-bit gradient partition into an
+  fp32 one, one ZeRO-3 sub-group at a time. It is the peak when activations are small next to the
+  model states (8B on 2 GPUs with checkpointing: 54.95 GiB of states + 5.69 GiB of that copy).
 
-    setup          on each GPU                                   in host memory / on NVMe
+Bytes per parameter Psi (bf16 mixed precision, Adam), N = data-parallel ranks over all nodes, as a
+memory snapshot of the peak showed them (``hf-zero bench --memory-snapshot`` and ``--simulate-ranks``):
+
+    setup          backward phase, on each GPU                        in host memory / on NVMe
     DDP            16 (fp32 weights, grads, Adam) + 4 (DDP's gradient buckets, when N > 1)
-    zero1, zero2   2 (16-bit weights) + 16/N (fp32 master, m, v, grads)
-    zero2_offload  2 + 2 reduce buckets, 16-bit (measured)          16/N per rank
-    zero3          18/N + an fp32 step buffer of one sub-group   -
-    zero3_offload  4 x the reduce bucket, 16-bit (calibrated)     18/N per rank
-    zero3_nvme     as zero3_offload                                18/N per rank on NVMe
+    zero1, zero2   2 (16-bit weights) + 12/N (fp32 master, Adam m, v)
+    zero2_offload  2 + the reduce buckets                               16/N per rank
+    zero3          16/N (2 + 2 + 12: 16-bit weight and gradient partitions, fp32 states)
+                   + the reduce bucket, allocated at init
+                   + gathered parameters, when N > 1: up to stage3_max_live_parameters of them
+                     stay gathered from the forward into the backward (1.91 GiB at 1e9)
+    zero3_offload  the reduce bucket + gathered parameters              18/N per rank
+    zero3_nvme     as zero3_offload                                     18/N per rank on NVMe
 
-ZeRO-1 and ZeRO-2 come out the same: DeepSpeed's ZeRO-1 reduces gradients in the same buckets as
-ZeRO-2 (both measured 20.2 GiB on the 1.35B model). Activations follow the model's shapes
-(hidden h, intermediate i, layers, vocab) per token; with gradient checkpointing only each layer's
-input is kept, plus one layer being recomputed; torch.compile's fused layers keep fewer of them.
-The constants marked "calibrated" were fitted to peaks measured on 2x H200 (FIELD_NOTES,
-hf_zero/bench/results); tests/test_planner.py holds every one to +-15%. The
-model-state bytes per stage are also checked on CPU, where they are countable: tests/
-test_zero_training.py counts every live tensor just before DeepSpeed's optimizer step.
+ZeRO-3's peak above its states does not fall with N (12.2 GiB for 1.35B at N = 2, 4 and 8), which is
+why an N-free term belongs here: a model of 18/N with no gathered term fitted 2 GPUs and was 22-29%
+under at 8. Activations follow the model's shapes (hidden h, intermediate i, layers, vocab) per token;
+with gradient checkpointing only each layer's input is kept, plus one layer being recomputed;
+torch.compile's fused layers keep fewer of them. The constants marked "calibrated" were fitted to
+memory snapshots of the 1.35B model on H200s (hf_zero/bench/results): tests/test_planner.py holds
+every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
+on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
+DeepSpeed's optimizer step.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -31,13 +43,15 @@ SETUPS = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "z
 # (its Adam step runs on the CPU, as zero2_offload's does).
 PREFERENCE = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme")
 
-ACTIVATION_SCALE = 0.90  # calibrated: bytes saved per token per layer, as a share of 22h + 8i (16-bit)
-LOGIT_BYTES = 3  # calibrated: bytes per token per vocabulary entry alive at the peak (16-bit logits + loss)
-COMPILED_ACTIVATIONS = 0.68  # calibrated: torch.compile (regional) fuses norms and SwiGLU, saving fewer tensors
-AUTOCAST_ACTIVATIONS = 1.25  # calibrated: DDP keeps fp32 weights, so autocast leaves an fp32 residual stream
-BUCKET_BYTES_PER_ELEMENT = 1  # calibrated: auto -> 5e8-element buckets added 0.5 GiB to ZeRO-2's peak
+# Activations of the 1.35B model, seq 1024 (snapshots): 10.07 GiB at micro batch 4, 3.80 GiB at 8 with
+# checkpointing; two equations, two constants.
+ACTIVATION_SCALE = 1.093  # calibrated: bytes saved per token per layer, as a share of 22h + 8i (16-bit)
+LOGIT_BYTES = 9.45  # calibrated: bytes per token per vocabulary entry (16-bit logits, fp32 loss input, its gradient)
+COMPILED_ACTIVATIONS = 0.73  # calibrated: torch.compile (regional) fuses norms and SwiGLU (zero2 0.72, zero3 0.74)
 SUB_GROUP = 1_000_000_000  # the presets' sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
-OFFLOAD_STAGING_BUCKETS = 4  # calibrated: ZeRO-3 offload peaks, 1.35B on 1 and 2 H200s (the same 13.06 GiB)
+MAX_LIVE = 1_000_000_000  # the presets' stage3_max_live_parameters (and max_reuse_distance)
+# Reduce buckets alive at once: two with overlap_comm (DeepSpeed's setup_buckets double-buffers), one without
+REDUCE_BUCKETS = {"zero1": 2, "zero2": 1, "zero2_offload": 2}
 
 
 @dataclass
@@ -90,19 +104,35 @@ class RunShape:
 @dataclass
 class Estimate:
     setup: str
-    gpu: dict = field(default_factory=dict)  # component -> bytes per GPU
+    phases: dict = field(default_factory=dict)  # phase -> {component -> bytes per GPU}
     host_per_node: int = 0
     nvme_per_node: int = 0
+
+    @property
+    def phase(self) -> str:
+        """The phase of the step that peaks."""
+        return max(self.phases, key=lambda name: sum(self.phases[name].values()))
+
+    @property
+    def gpu(self) -> dict:
+        """Component -> bytes per GPU at the peak."""
+        return self.phases[self.phase]
 
     @property
     def gpu_total(self) -> int:
         return int(sum(self.gpu.values()))
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "gpu_total": self.gpu_total}
+        return {**asdict(self), "phase": self.phase, "gpu": self.gpu, "gpu_total": self.gpu_total}
+
+
+def logit_bytes(model: ModelShape, run: RunShape) -> int:
+    width = 2 if run.dtype in ("bf16", "fp16") else 4
+    return int(run.seq * run.micro_batch * model.vocab * LOGIT_BYTES * width / 2)
 
 
 def activation_bytes(model: ModelShape, run: RunShape) -> int:
+    """Everything the forward keeps for the backward, the logits and the loss's gradient included."""
     tokens = run.seq * run.micro_batch
     width = 2 if run.dtype in ("bf16", "fp16") else 4
     per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * width / 2
@@ -113,51 +143,54 @@ def activation_bytes(model: ModelShape, run: RunShape) -> int:
         kept = tokens * model.layers * model.hidden * width + tokens * per_layer_token
     else:
         kept = tokens * model.layers * per_layer_token
-    return int(kept + tokens * model.vocab * LOGIT_BYTES * width / 2)
+    return int(kept) + logit_bytes(model, run)
 
 
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     psi, n = model.params, run.ranks
     half = 2 if run.dtype in ("bf16", "fp16") else 4
     activations = activation_bytes(model, run)
-    buckets = min(run.bucket, psi) * BUCKET_BYTES_PER_ELEMENT
+    bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
+    # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)
+    fp32_grad = 4 if half == 4 else half + 4
     host = nvme = 0
     if setup == "ddp":
         # DDP's reducer copies every fp32 gradient into its buckets (gradient_as_bucket_view is off);
-        # one process is not wrapped in DDP. Measured on 1.35B: 34.7 GiB on 2 H200s, 29.7 GiB on one.
-        gpu = {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer": 8 * psi,
-               "activations": int(activations * (AUTOCAST_ACTIVATIONS if half == 2 else 1)),
-               "buffers": 4 * psi if n > 1 else 0}
-    elif setup in ("zero1", "zero2"):
-        gpu = {"parameters": half * psi, "gradients": 4 * psi // n, "optimizer": 12 * psi // n,
-               "activations": activations, "buffers": buckets}
-    elif setup == "zero2_offload":
-        # What a memory snapshot found alive at the peak (1.35B on one H200, results/1xH200/sweeps/
-        # offload_memory_snapshot.json): the 16-bit weights, the activations and DeepSpeed's two reduce
-        # buckets (setup_buckets, 16-bit, 0.93 GiB each at 5e8); the gradients go to the host bucket by bucket.
-        # Independent of N: 13.34 and 13.36 GiB on 1 and 2 H200s, 6.50 GiB with checkpointing.
-        gpu = {"parameters": half * psi, "activations": activations, "buffers": 2 * min(run.bucket, psi) * half}
-        host = 16 * psi // n * run.gpus_per_node
-    else:  # ZeRO-3: parameters sharded; the largest layer is gathered at a time
-        # DeepSpeed allocates the whole reduce bucket as one flat gradient buffer at init (2 GB for a
-        # 100k-parameter model in fp32 with 5e8 buckets, counted on CPU), whatever the model's size
-        gathered = 2 * model.largest_layer * half + run.bucket * half
-        if setup == "zero3":
-            gpu = {"parameters": half * psi // n, "gradients": 4 * psi // n, "optimizer": 12 * psi // n,
-                   "step": 4 * min(SUB_GROUP, psi // n), "activations": activations, "buffers": gathered}
+        # one process is not wrapped in DDP. Measured on 1.35B: 34.72 GiB on 2 H200s, 29.73 GiB on one.
+        phases = {"backward": {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer": 8 * psi,
+                               "activations": activations, "buffers": 4 * psi if n > 1 else 0}}
+    elif setup in REDUCE_BUCKETS:
+        weights = {"parameters": half * psi}
+        if setup != "zero2_offload":
+            weights["optimizer"] = 12 * psi // n
+        phases = {"backward": {**weights, "activations": activations},
+                  # the loss and logits are freed by the time the first gradients are reduced
+                  "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
+                                            "buffers": REDUCE_BUCKETS[setup] * bucket}}
+        if setup == "zero2_offload":
+            host = 16 * psi // n * run.gpus_per_node  # the gradients go to the host bucket by bucket
         else:
-            # offload_optimizer keeps the fp32 gradient partitions on the host, so what stays on the GPU is
-            # the reduce bucket's staging, whatever N: 13.06 GiB on 1 and on 2 H200s for 1.35B (calibrated;
-            # the per-rank partition term this replaced predicted +25% on one GPU)
-            gpu = {"gradients": OFFLOAD_STAGING_BUCKETS * min(run.bucket, psi) * half, "activations": activations,
-                   "buffers": gathered}
+            phases["optimizer step"] = {**weights, "gradients": fp32_grad * psi // n}
+    else:  # ZeRO-3: parameters sharded, gathered for use
+        offload = setup != "zero3"
+        # what stays gathered from the forward into the backward: fetched parameters are not released
+        # while stage3_max_live_parameters allows (measured 1.91 GiB at 1e9 for 1.35B at N = 2, 4 and 8;
+        # none on one GPU, where nothing is gathered unless the parameters live on the host)
+        gathered = half * (min(MAX_LIVE, psi) + model.largest_layer) if n > 1 or offload else 0
+        if not offload:
+            states = {"parameters": half * psi // n, "gradients": half * psi // n, "optimizer": 12 * psi // n}
+            phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
+                      "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, psi // n), "buffers": bucket}}
+        else:
+            # the fp32 gradient partitions and optimizer states live on the host (or NVMe)
+            phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
             states = (half + 16) * psi // n * run.gpus_per_node
             if setup == "zero3_offload":
                 host = states
             else:
                 nvme = states
                 host = 4 * min(run.bucket, psi) * half * run.gpus_per_node  # pinned swap buffers
-    return Estimate(setup, gpu, host, nvme)
+    return Estimate(setup, phases, host, nvme)
 
 
 @dataclass

@@ -9,6 +9,9 @@ from ..errors import ConfigError
 MODELS = {
     "1.35b": dict(hidden_size=2048, num_hidden_layers=24, intermediate_size=5504, vocab_size=32000,
                   num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096),
+    # Llama-like 8B (Llama-3-8B's shapes with a 32k vocabulary): too big for DDP on an 80 GB GPU
+    "8b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=32000,
+               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096),
     # Big enough that every ZeRO code path runs (several buckets, partitions per layer), small enough for CI.
     "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=256,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),

@@ -9,11 +9,13 @@ checked. Every step's allocations are recorded on the last step: the peak comes 
 """
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from ..distributed import free_port
@@ -21,8 +23,9 @@ from ..errors import ConfigError
 from ..planner import GIB, ModelShape
 from .model import build_config, resolve_model
 from .peak_memory import BEFORE
-from .run import Options, _error_line, _gpu_count, child_env, command_line, planner_row, resolve_defaults, versions
-from .setups import default_names, named_setups, select
+from .run import (Options, _error_line, _gpu_count, child_env, command_line, planner_row, resolve_defaults, versions,
+                  write_results)
+from .setups import Setup, default_names, named_setups, select
 
 STEPS = 6  # ZeRO-3 completes its parameter trace in the first step; the prefetching steps after it are what peaks
 SCHEMA = 1
@@ -154,17 +157,35 @@ def simulate(opts: Options, ranks: list, progress=print) -> int:
         if row["status"] == "ok":
             row["planner"] = planner_row(setup, shape, Options(nproc=n, seq=opts.seq), row["memory"])
         data["results"].append(row)
-        (out / "simulated.json").write_text(json.dumps(data, indent=1))
+        write_results(out / "simulated.json", data)
         progress(f"[{i}/{len(runs)}] {setup.name} as rank 0 of {n}: " + (
             f"peak {row['memory']['peak_gib']:.2f} GiB" if row["status"] == "ok" else f"{row['status']}: {row['error']}"))
-    (out / "simulated.md").write_text(render(data))
-    plot(data, out / "simulated.png")
+    write_reports(data, out)
     progress(f"wrote {out / 'simulated.json'}, simulated.md, simulated.png")
     return 0 if all(r["status"] == "ok" for r in data["results"]) else 1
 
 
-def _largest(row: dict, top: int = 3) -> str:
-    rows = (row.get("memory_breakdown") or {}).get("rows") or []
+def replan(data: dict) -> int:
+    """Recompute every measured row's planner prediction with the installed planner; returns the count."""
+    shape = ModelShape.from_config(build_config(data["model"]["config"]), name=data["model"]["name"])
+    known = {f.name for f in fields(Setup)}
+    rows = [row for row in data["results"] if row["status"] == "ok"]
+    for row in rows:
+        setup = Setup(**{k: v for k, v in row["setup"].items() if k in known})
+        row["planner"] = planner_row(setup, shape, Options(nproc=row["ranks"], seq=data["seq"]), row["memory"])
+    data["replanned"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return len(rows)
+
+
+def write_reports(data: dict, out: Path) -> list:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "simulated.md").write_text(render(data))
+    plot(data, out / "simulated.png")
+    return [out / "simulated.md", out / "simulated.png"]
+
+
+def _largest(row: dict, top: int = 4) -> str:
+    rows = [r for r in (row.get("memory_breakdown") or {}).get("rows") or [] if r["bytes"] >= GIB / 100]
     return "; ".join(f"{r['bytes'] / GIB:.2f} {'before the step' if r['owner'] == BEFORE else '`' + r['owner'] + '`'}"
                      for r in rows[:top])
 
@@ -173,7 +194,8 @@ def render(data: dict) -> str:
     lines = [f"# Rank 0's memory as N grows: {data['model']['name']} ({data['model']['params'] / 1e9:.2f}B), "
              f"sequence {data['seq']}", "",
              "Each row ran on one device as rank 0 of N over torch's fake process group (nothing communicated): "
-             "the allocations are rank 0's own, speed is not measured. `" + data["command"] + "`", "",
+             "the allocations are rank 0's own, speed is not measured. `" + data["command"] + "`"
+             + (f" (planner column recomputed {data['replanned']})" if data.get("replanned") else ""), "",
              "| setup | N | mbs | peak GiB | planner GiB (err) | largest at the peak (GiB) | status |",
              "|---|---|---|---|---|---|---|"]
     for row in data["results"]:
@@ -206,7 +228,10 @@ def plot(data: dict, path) -> None:
         if planned:
             ax.plot(*zip(*planned), linestyle="--", color=line.get_color(), alpha=0.6)
     gpu = any(r["memory"]["kind"] == "cuda" for rows in by_setup.values() for r in rows)
+    ranks = sorted({r["ranks"] for rows in by_setup.values() for r in rows})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(ranks, [str(n) for n in ranks])
+    ax.minorticks_off()
     ax.set_xlabel("data-parallel ranks N")
     ax.set_ylabel("rank 0's peak allocated GiB" if gpu else "rank 0's peak RSS GiB (CPU)")
     ax.set_title(f"{data['model']['name']}: measured (solid) and planned (dashed) memory per GPU")

@@ -26,7 +26,7 @@ def add_parser(subparsers):
                         "torchrun.OPTION (e.g. torchrun.numa-binding=node), dotted DeepSpeed keys (value null removes "
                         "the key). Repeatable.")
     p.add_argument("--nproc", type=int, help="processes (GPUs) per setup; default: all GPUs, or 2 on CPU")
-    p.add_argument("--model", help="1.35b, tiny, or a config.json (default: 1.35b on GPU, tiny on CPU)")
+    p.add_argument("--model", help="1.35b, 8b, tiny, or a config.json (default: 1.35b on GPU, tiny on CPU)")
     p.add_argument("--steps", type=int, help="optimizer steps per setup (default: 20 on GPU, 6 on CPU)")
     p.add_argument("--warmup", type=int, help="steps left out of the median (default: 5 on GPU, 2 on CPU)")
     p.add_argument("--seq", type=int, help="sequence length (default: 1024 on GPU, 64 on CPU)")
@@ -80,22 +80,26 @@ def _list(opts) -> int:
     return 0
 
 
+def _report(path: Path, out, replan_first: bool) -> int:
+    """Re-render a sweep's results.json, or a --simulate-ranks simulated.json, optionally replanned first."""
+    from ..bench import report, run, simulate
+
+    data = report.load(path)
+    simulated = path.name == "simulated.json"
+    if replan_first:
+        replanned = (simulate.replan if simulated else run.replan)(data)
+        print(f"replanned {replanned} row(s) with the installed planner")
+        run.write_results(path, data)
+    written = (simulate.write_reports if simulated else report.write_reports)(data, Path(out or path.parent))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
 def run(args) -> int:
     if args.replan and not args.report:
         raise ConfigError("--replan recomputes the planner column of an existing results.json: pass it with --report PATH")
     if args.report:
-        from ..bench.report import load, write_reports
-
-        path = Path(args.report)
-        data = load(path)
-        if args.replan:
-            from ..bench.run import replan, write_results
-
-            print(f"replanned {replan(data)} row(s) with the installed planner")
-            write_results(path, data)
-        written = write_reports(data, args.out or path.parent)
-        print("wrote " + ", ".join(map(str, written)))
-        return 0
+        return _report(Path(args.report), args.out, args.replan)
     from ..bench.run import Options, run_bench
 
     if args.profile_steps < 0:

@@ -65,13 +65,13 @@ def render(plan) -> str:
              f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
              f"{', gradient checkpointing' if r.gradient_checkpointing else ''}"
              f"{', torch.compile' if r.compiled else ''}", ""]
-    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}"
+    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  peak in"
     lines.append(head)
     for est in plan.estimates:
         cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in _COMPONENTS)
         mark = "  <- recommended" if est.setup == plan.choice else ""
         lines.append(f"{est.setup:<14}{cells}{est.gpu_total / GIB:>10.1f}{est.host_per_node / GIB:>10.1f}"
-                     f"{est.nvme_per_node / GIB:>10.1f}{mark}")
+                     f"{est.nvme_per_node / GIB:>10.1f}  {est.phase}{mark}")
     lines.append("")
     if plan.choice:
         lines.append(f"Recommended: {plan.choice} ({plan.reasons[plan.choice]})")
