@@ -34,8 +34,10 @@ def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
 
 def test_only_deepspeed_setups_and_real_rank_counts(tmp_path):
     with pytest.raises(ConfigError) as e:
-        simulate(Options(out=str(tmp_path), setups=["zero3", "ddp", "fsdp"], repeat=2), [1, 2], progress=lambda m: None)
+        simulate(Options(out=str(tmp_path), setups=["zero3", "ddp", "fsdp"], repeat=2,
+                         variants=["var=zero2:data.min_seq=16"]), [1, 2], progress=lambda m: None)
     problems = str(e.value)
+    assert "var sets data.* keys" in problems
     assert "rank counts of 2 or more, got 1" in problems
     assert "DeepSpeed setups only, not ddp, fsdp" in problems
     assert "--repeat does not apply" in problems

@@ -1,8 +1,8 @@
 """Rank 0's memory of an N-GPU run, measured on one GPU: ``hf-zero bench --simulate-ranks 2,4,8``.
 
-Each setup runs in one process as rank 0 of N over torch's fake process group: collectives return at
-once and move nothing, so DeepSpeed, FSDP and DDP partition, allocate and free what rank 0 of N GPUs
-would, and the peak is rank 0's own. On one H200 it reproduced the peaks measured on two (zero2 20.20,
+Each DeepSpeed setup runs in one process as rank 0 of N over torch's fake process group: collectives
+return at once and move nothing, so DeepSpeed partitions, allocates and frees what rank 0 of N GPUs
+would, and the peak is rank 0's own (DDP and FSDP wait on results the fake group never gives). On one H200 it reproduced the peaks measured on two (zero2 20.20,
 zero3 23.22, zero3+gc 16.87 GiB) to the hundredth. It cannot measure speed (nothing is communicated),
 NCCL's own buffers, or the weights' values (the other ranks' shards are never received), so no save is
 checked. Every step's allocations are recorded on the last step: the peak comes with what holds it.
@@ -65,7 +65,7 @@ def worker(spec: dict) -> dict:
         for name, value in setup["dynamo"].items():
             setattr(dynamo_config, name, value)
     args = bench_worker.build_args(spec, setup)
-    model = bench_worker.build_model(spec, setup)
+    model = bench_worker.with_lora(bench_worker.build_model(spec, setup), setup)
     data = bench_worker.RandomTokens(model.config.vocab_size, spec["seq"], spec["steps"] * setup["micro_batch"] * spec["ranks"])
     trainer = Trainer(model=model, args=args, train_dataset=data)
     if setup["kind"] == "deepspeed":
@@ -124,6 +124,10 @@ def _check(opts: Options, ranks: list, runs: list) -> None:
     if others:
         problems.append(f"--simulate-ranks measures DeepSpeed setups only, not {', '.join(others)}: DDP and FSDP "
                         "cannot run over torch's fake process group; pass --setups with DeepSpeed setups")
+    variable = sorted({s.name for _, s in runs if s.data})
+    if variable:
+        problems.append(f"--simulate-ranks runs full-length batches; {', '.join(variable)} sets data.* keys "
+                        "(variable-length batches): measure those with a real sweep")
     for flag, used in (("--repeat", opts.repeat > 1), ("--profile-steps", opts.profile_steps),
                        ("--resume", opts.resume), ("--max-minutes", opts.max_minutes)):
         if used:

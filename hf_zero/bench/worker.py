@@ -252,6 +252,16 @@ def build_model(spec: dict, setup: dict):
         return AutoModelForCausalLM.from_config(config)
 
 
+def with_lora(model, setup: dict):
+    """The model with the setup's LoRA adapter, if it has one."""
+    if not setup.get("lora"):
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    # after zero.Init: the base stays partitioned, the adapter is created whole and partitioned by the engine
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup["lora"]))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="JSON written by hf_zero.bench.run")
@@ -270,11 +280,7 @@ def main(argv=None):
     args = build_args(spec, setup)
     model = build_model(spec, setup)
     partitioned = hf_zero.is_partitioned(model)
-    if setup.get("lora"):
-        from peft import LoraConfig, get_peft_model
-
-        # after zero.Init: the base stays partitioned, the adapter is created whole and partitioned by the engine
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup["lora"]))
+    model = with_lora(model, setup)
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size
