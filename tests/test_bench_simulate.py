@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO, worker_env
 from hf_zero.bench.run import Options
 from hf_zero.bench.simulate import simulate
+from hf_zero.cli import main
 from hf_zero.errors import ConfigError
 
 
@@ -30,6 +31,10 @@ def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
     md = (tmp_path / "simulated.md").read_text()
     assert "| zero3 | 4 | 4 |" in md and "--simulate-ranks 2,4" in md
     assert (tmp_path / "simulated.png").read_bytes()[:4] == b"\x89PNG"
+    # --report re-renders it, --replan first recomputes the planner column
+    assert main(["bench", "--report", str(tmp_path / "simulated.json"), "--replan"]) == 0
+    assert json.loads((tmp_path / "simulated.json").read_text())["replanned"]
+    assert "planner column recomputed" in (tmp_path / "simulated.md").read_text()
 
 
 def test_only_deepspeed_setups_and_real_rank_counts(tmp_path):

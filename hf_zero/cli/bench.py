@@ -50,7 +50,8 @@ def add_parser(subparsers):
                         "runs as rank 0 of N over torch's fake process group, nothing is communicated, so speed is "
                         "not measured; writes OUT/simulated.json, .md and .png with the planner's predictions")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
-    p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json "
+                                                          "(or simulated.md and .png from a simulated.json)")
     p.add_argument("--replan", action="store_true",
                    help="with --report: first recompute the planner's predictions with this hf_zero's planner and "
                         "write them into the JSON (after the planner was recalibrated)")
