@@ -49,7 +49,10 @@ def test_only_deepspeed_setups_and_real_rank_counts(tmp_path):
     assert not (tmp_path / "simulated.json").exists()
 
 
-def test_default_setups_are_the_deepspeed_ones(tmp_path, monkeypatch):
+def test_default_setups_are_the_deepspeed_ones(tmp_path, monkeypatch, capsys):
+    assert main(["bench", "--list", "--simulate-ranks", "2,4"]) == 0
+    listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    assert "zero3" in listed and "ddp" not in listed and len(listed) == len(set(listed))
     launched = []
     monkeypatch.setattr("hf_zero.bench.simulate._launch",
                         lambda setup, n, *rest: launched.append(setup.name) or {"status": "failed", "error": "x",

@@ -136,6 +136,16 @@ def _check(opts: Options, ranks: list, runs: list) -> None:
         raise ConfigError(problems)
 
 
+def planned_runs(opts: Options, ranks: list) -> list:
+    """(N, setup) for every rank count and setup, checked; no setups named: the default sweep's DeepSpeed ones."""
+    if opts.setups is None and not opts.variants:
+        known = named_setups()
+        opts.setups = [name for name in default_names(2) if known[name].kind == "deepspeed"]
+    runs = [(n, s) for n in ranks for s in select(opts.setups, opts.variants, n)]
+    _check(opts, ranks, runs)
+    return runs
+
+
 def simulate(opts: Options, ranks: list, progress=print) -> int:
     """Every setup at every rank count; OUT/simulated.json, .md and .png. 0 when all measured, else 1."""
     gpus = _gpu_count()
@@ -145,11 +155,7 @@ def simulate(opts: Options, ranks: list, progress=print) -> int:
     shape = ModelShape.from_config(build_config(model[1]), name=model[0])
     out = Path(opts.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    if opts.setups is None and not opts.variants:  # the default sweep's DeepSpeed setups
-        known = named_setups()
-        opts.setups = [name for name in default_names(2) if known[name].kind == "deepspeed"]
-    runs = [(n, s) for n in ranks for s in select(opts.setups, opts.variants, n)]
-    _check(opts, ranks, runs)
+    runs = planned_runs(opts, ranks)
     progress(f"hf-zero bench --simulate-ranks: {len(runs)} run(s), {model[0]}, each as rank 0 of N on "
              f"{'one GPU' if gpus else 'the CPU'}, {opts.steps} steps -> {out}")
     data = {"schema": SCHEMA, "model": {"name": model[0], "config": model[1], "params": shape.params},

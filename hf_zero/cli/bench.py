@@ -66,12 +66,16 @@ def _rank_counts(text: str) -> list:
         raise argparse.ArgumentTypeError(f"expected rank counts like 2,4,8, got {text!r}") from None
 
 
-def _list(opts) -> int:
+def _list(opts, simulated_ranks=None) -> int:
     from ..bench.run import _gpu_count, resolve_defaults
     from ..bench.setups import select
+    from ..bench.simulate import planned_runs
 
-    opts = resolve_defaults(opts, _gpu_count())
-    for setup in select(opts.setups, opts.variants, opts.nproc):
+    if simulated_ranks:  # each runs as one process: what --simulate-ranks would run, once per setup
+        setups = list({s.name: s for _, s in planned_runs(opts, simulated_ranks)}.values())
+    else:
+        setups = select(opts.setups, opts.variants, resolve_defaults(opts, _gpu_count()).nproc)
+    for setup in setups:
         extra = {k: v for k, v in (("args", setup.args), ("env", setup.env)) if v}
         print(f"{setup.name}: {setup.kind}, micro batch {setup.micro_batch}"
               f"{', gradient checkpointing' if setup.gradient_checkpointing else ''}"
@@ -114,7 +118,7 @@ def run(args) -> int:
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
                    profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, repeat=args.repeat)
     if args.list:
-        return _list(opts)
+        return _list(opts, args.simulate_ranks)
     if args.simulate_ranks:
         from ..bench.simulate import simulate
 
