@@ -143,6 +143,15 @@ def _error_line(log: str) -> str:
     return lines[-1][:500] if lines else "no output"
 
 
+def failure(log: str, code: int | None, timeout: float) -> dict:
+    """Status, error line and log tail of a launch that wrote no result (``code`` None: it was killed at ``timeout``)."""
+    oom = "OutOfMemoryError" in log or "CUDA out of memory" in log
+    return {"status": "timeout" if code is None else ("oom" if oom else "failed"),
+            "error": (f"no result after {timeout:g} s (--setup-timeout)" if code is None
+                      else _error_line(log) if code != 0 else "the workers exited 0 but wrote no result"),
+            "log_tail": log.splitlines()[-30:]}
+
+
 def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     """Run one setup under torchrun and return its row (status ok / failed / oom / timeout)."""
     work = out / "work" / setup.name
@@ -190,12 +199,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
         if code != 0:  # measured and written by rank 0; a rank then died at exit: keep the numbers, say so
             row["exit_warning"] = f"the workers exited {code} after rank 0 wrote the result (see the log)"
     else:
-        text = log_path.read_text(errors="replace")
-        oom = "OutOfMemoryError" in text or "CUDA out of memory" in text
-        row["status"] = "timeout" if code is None else ("oom" if oom else "failed")
-        row["error"] = (f"no result after {opts.setup_timeout:g} s (--setup-timeout)" if code is None
-                        else _error_line(text) if code != 0 else "the workers exited 0 but wrote no result")
-        row["log_tail"] = text.splitlines()[-30:]
+        row.update(failure(log_path.read_text(errors="replace"), code, opts.setup_timeout))
     if not opts.keep_saved:
         shutil.rmtree(work, ignore_errors=True)
     return row

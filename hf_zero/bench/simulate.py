@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..planner import GIB, ModelShape
 from .model import build_config, resolve_model
 from .peak_memory import BEFORE
-from .run import (Options, _error_line, _gpu_count, child_env, command_line, planner_row, resolve_defaults, versions,
+from .run import (Options, _gpu_count, child_env, command_line, failure, planner_row, resolve_defaults, versions,
                   write_results)
 from .setups import Setup, default_names, named_setups, select
 
@@ -59,11 +59,7 @@ def worker(spec: dict) -> dict:
         deepspeed.init_distributed(dist_backend="fake")  # DeepSpeed's comm wraps the group torch already has
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
-    if setup.get("dynamo"):
-        from torch._dynamo import config as dynamo_config
-
-        for name, value in setup["dynamo"].items():
-            setattr(dynamo_config, name, value)
+    bench_worker.apply_dynamo_settings(setup)
     args = bench_worker.build_args(spec, setup)
     model = bench_worker.with_lora(bench_worker.build_model(spec, setup), setup)
     data = bench_worker.RandomTokens(model.config.vocab_size, spec["seq"], spec["steps"] * setup["micro_batch"] * spec["ranks"])
@@ -111,9 +107,7 @@ def _launch(setup, ranks: int, opts: Options, model: tuple, out: Path, on_gpu: b
     if code == 0 and result.exists():
         row.update(json.loads(result.read_text()))
     else:
-        text = log_path.read_text(errors="replace")
-        row["status"] = "timeout" if code is None else "oom" if "out of memory" in text else "failed"
-        row["error"] = f"no result after {opts.setup_timeout:g} s" if code is None else _error_line(text)
+        row.update(failure(log_path.read_text(errors="replace"), code, opts.setup_timeout))
     return row
 
 

@@ -252,6 +252,16 @@ def build_model(spec: dict, setup: dict):
         return AutoModelForCausalLM.from_config(config)
 
 
+def apply_dynamo_settings(setup: dict) -> None:
+    """The setup's ``dynamo.NAME`` settings, read when compiled code first runs (inside trainer.train())."""
+    if not setup.get("dynamo"):
+        return
+    from torch._dynamo import config as dynamo_config  # binds no local "torch" (main uses the module's)
+
+    for name, value in setup["dynamo"].items():
+        setattr(dynamo_config, name, value)
+
+
 def with_lora(model, setup: dict):
     """The model with the setup's LoRA adapter, if it has one."""
     if not setup.get("lora"):
@@ -271,12 +281,7 @@ def main(argv=None):
     if has_gpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     started = time.perf_counter()
-    if setup.get("dynamo"):
-        from torch._dynamo import config as dynamo_config  # binds no local "torch" (main uses the module's)
-
-        for name, value in setup["dynamo"].items():
-            setattr(dynamo_config, name, value)  # read when compiled code first runs, inside trainer.train()
-
+    apply_dynamo_settings(setup)
     args = build_args(spec, setup)
     model = build_model(spec, setup)
     partitioned = hf_zero.is_partitioned(model)

@@ -281,8 +281,6 @@ def _encode_conversation(messages, tokenizer, max_length):
     return dict(enc)
 
 
-
-
 def data_collator(task, tokenizer, pad_to_multiple_of=None):
     """The transformers collator for a task ("classification", "causal_lm" or "chat"); padded batches are
     rounded up to ``pad_to_multiple_of`` tokens (hf_zero.padding.GPU_PAD_MULTIPLE on GPUs, measured faster)."""
