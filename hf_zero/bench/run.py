@@ -260,13 +260,19 @@ def replan(data: dict) -> int:
     """Recompute, in place, every row's planner prediction with the installed planner (after it was
     recalibrated on new measurements), and note when; returns the number of rows."""
     fingerprint = data["fingerprint"]
-    shape = ModelShape.from_config(build_config(fingerprint["model_config"]), name=fingerprint["model"])
     opts = Options(nproc=fingerprint["nproc"], seq=fingerprint["seq"])
-    known = {f.name for f in fields(Setup)}
     rows = [row for row in data["results"] if "setup" in row]
+    return replan_rows(data, rows, lambda row: opts)
+
+
+def replan_rows(data: dict, rows: list, options_of) -> int:
+    """``rows``' planner column recomputed, each with ``options_of(row)`` (its ranks and seq); ``data`` notes when."""
+    model = data["model"]
+    shape = ModelShape.from_config(build_config(model["config"]), name=model["name"])
+    known = {f.name for f in fields(Setup)}
     for row in rows:  # rows from older versions lack newer Setup fields: their defaults apply
         setup = Setup(**{k: v for k, v in row["setup"].items() if k in known})
-        row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
+        row["planner"] = planner_row(setup, shape, options_of(row), row.get("memory"))
     data["replanned"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return len(rows)
 

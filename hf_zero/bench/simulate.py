@@ -9,13 +9,11 @@ checked. Every step's allocations are recorded on the last step: the peak comes 
 """
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from ..distributed import free_port
@@ -23,9 +21,9 @@ from ..errors import ConfigError
 from ..planner import GIB, ModelShape
 from .model import build_config, resolve_model
 from .peak_memory import BEFORE
-from .run import (Options, _gpu_count, child_env, command_line, failure, planner_row, resolve_defaults, versions,
-                  write_results)
-from .setups import Setup, default_names, named_setups, select
+from .run import (Options, _gpu_count, child_env, command_line, failure, planner_row, replan_rows, resolve_defaults,
+                  versions, write_results)
+from .setups import default_names, named_setups, select
 
 STEPS = 6  # ZeRO-3 completes its parameter trace in the first step; the prefetching steps after it are what peaks
 SCHEMA = 1
@@ -171,14 +169,8 @@ def simulate(opts: Options, ranks: list, progress=print) -> int:
 
 def replan(data: dict) -> int:
     """Recompute every measured row's planner prediction with the installed planner; returns the count."""
-    shape = ModelShape.from_config(build_config(data["model"]["config"]), name=data["model"]["name"])
-    known = {f.name for f in fields(Setup)}
     rows = [row for row in data["results"] if row["status"] == "ok"]
-    for row in rows:
-        setup = Setup(**{k: v for k, v in row["setup"].items() if k in known})
-        row["planner"] = planner_row(setup, shape, Options(nproc=row["ranks"], seq=data["seq"]), row["memory"])
-    data["replanned"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return len(rows)
+    return replan_rows(data, rows, lambda row: Options(nproc=row["ranks"], seq=data["seq"]))
 
 
 def write_reports(data: dict, out: Path) -> list:
