@@ -32,6 +32,13 @@ memory snapshots of the 1.35B model on H200s (hf_zero/bench/results): tests/test
 every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
 on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
 DeepSpeed's optimizer step.
+
+LoRA (``RunShape.lora_r``): the base is frozen, so gradients and optimizer states are the adapter's
+alone, and a frozen layer saves less for its backward (counted in ``frozen_base_saving``, checked
+on CPU by tests/test_planner.py). Under ZeRO-3 the adapters stay fp32 (DeepSpeed partitions them
+after the 16-bit cast) and peft casts each adapted layer's input to fp32, a copy kept for the
+backward: LoRA on every Linear of the 1.35B model took 6.52 GiB of such copies, more than ZeRO-3
+saved (measured with ``--simulate-ranks``).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -50,6 +57,12 @@ LOGIT_BYTES = 9.45  # calibrated: bytes per token per vocabulary entry (16-bit l
 COMPILED_ACTIVATIONS = 0.73  # calibrated: torch.compile (regional) fuses norms and SwiGLU (zero2 0.72, zero3 0.74)
 SUB_GROUP = 1_000_000_000  # the presets' sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
 MAX_LIVE = 1_000_000_000  # the presets' stage3_max_live_parameters (and max_reuse_distance)
+# A Llama-style decoder layer's Linear layers, grouped by the input they read. A frozen Linear keeps no
+# input for its backward (it has no weight gradient), so a group's input is freed unless an adapter in it
+# keeps it; o_proj's input is the attention's output, which the attention keeps for its own backward.
+LLAMA_INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+KEPT_BY_ATTENTION = ("o_proj",)
+LLAMA_NORMS = 2  # RMSNorms per layer: trainable, each keeps its normalized input for the weight's gradient
 # Reduce buckets alive at once: two with overlap_comm (DeepSpeed's setup_buckets double-buffers), one without
 REDUCE_BUCKETS = {"zero1": 2, "zero2": 1, "zero2_offload": 2}
 
@@ -63,6 +76,8 @@ class ModelShape:
     vocab: int
     largest_layer: int  # parameters of the biggest decoder layer (what ZeRO-3 gathers at once)
     name: str = ""
+    linears: dict = field(default_factory=dict)  # Linear leaf name in that layer -> (in_features, out_features)
+    model_type: str = ""
 
     @classmethod
     def from_config(cls, config, name=""):
@@ -76,13 +91,32 @@ class ModelShape:
             except ValueError:  # an encoder or other non-causal architecture
                 model = AutoModel.from_config(config)
         params = sum(p.numel() for p in model.parameters())
-        layers = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        largest = max((sum(p.numel() for p in block.parameters()) for ml in layers for block in ml), default=params)
+        blocks = [block for ml in model.modules() if isinstance(ml, torch.nn.ModuleList) for block in ml]
+        biggest = max(blocks, key=lambda block: sum(p.numel() for p in block.parameters()), default=None)
+        largest = sum(p.numel() for p in biggest.parameters()) if biggest is not None else params
+        linears = {} if biggest is None else {
+            name.rsplit(".", 1)[-1]: (m.in_features, m.out_features)
+            for name, m in biggest.named_modules() if isinstance(m, torch.nn.Linear)}
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)
         return cls(params=params, hidden=hidden, intermediate=getattr(text, "intermediate_size", None) or 4 * hidden,
                    layers=getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0),
-                   vocab=getattr(text, "vocab_size", 0), largest_layer=largest, name=name)
+                   vocab=getattr(text, "vocab_size", 0), largest_layer=largest, name=name, linears=linears,
+                   model_type=getattr(config, "model_type", ""))
+
+    def lora_targets(self, targets) -> list:
+        """The Linear leaf names of a decoder layer that ``targets`` (names, or "all-linear") adapts."""
+        if targets in ("all-linear", ("all-linear",), ["all-linear"]):
+            return sorted(self.linears)
+        unknown = sorted(set(targets) - set(self.linears))
+        if unknown:
+            raise ValueError(f"LoRA target(s) {', '.join(unknown)} are not Linear layers of {self.name or 'the model'}'s "
+                             f"decoder layers (those are: {', '.join(sorted(self.linears))})")
+        return sorted(targets)
+
+    def adapter_params(self, r: int, targets) -> int:
+        """LoRA's trainable parameters: r x (in + out) per adapted Linear, in every decoder layer."""
+        return self.layers * sum(r * sum(self.linears[name]) for name in self.lora_targets(targets))
 
 
 @dataclass
@@ -95,6 +129,8 @@ class RunShape:
     dtype: str = "bf16"
     compiled: bool = False  # TrainingArguments(torch_compile=True)
     bucket: int = 500_000_000  # reduce / prefetch bucket elements (hf_zero presets)
+    lora_r: int = 0  # > 0: a peft LoRA adapter of this rank trains on the frozen model
+    lora_targets: tuple = ("all-linear",)  # the decoder layers' Linear names it adapts (peft's target_modules)
 
     @property
     def ranks(self) -> int:
@@ -131,11 +167,40 @@ def logit_bytes(model: ModelShape, run: RunShape) -> int:
     return int(run.seq * run.micro_batch * model.vocab * LOGIT_BYTES * width / 2)
 
 
-def activation_bytes(model: ModelShape, run: RunShape) -> int:
+def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
+    """Bytes per token per layer that a LoRA run's frozen layers save less (negative: more) than full
+    fine-tuning. Counted for Llama-style layers; other architectures are planned as full fine-tuning.
+    - A frozen Linear keeps no input, unless an adapter in its input group keeps it. Not under eager
+      ZeRO-3: DeepSpeed's Linear keeps every input (torch's is restored when blocks are compiled).
+    - A frozen RMSNorm keeps no normalized input (it needs none for the input's gradient).
+    - Under ZeRO-3 the adapters stay fp32: each adapted Linear keeps an fp32 copy of its input instead.
+    - Each adapter keeps its r-wide inner activation."""
+    width = 2 if run.dtype in ("bf16", "fp16") else 4
+    targets = set(model.lora_targets(run.lora_targets))
+    if set(model.linears) != {name for group in LLAMA_INPUT_GROUPS for name in group}:
+        return 0
+    saved = LLAMA_NORMS * model.hidden * width
+    deepspeed_linear = zero3 and not run.compiled
+    fp32_adapters = zero3 and width < 4
+    for group in LLAMA_INPUT_GROUPS:
+        inputs = model.linears[group[0]][0]
+        adapted = targets.intersection(group)
+        if fp32_adapters:
+            saved -= 4 * inputs * len(adapted)  # each adapted Linear's fp32 copy of its input
+        saved -= run.lora_r * (4 if fp32_adapters else width) * len(adapted)  # lora_A's output, for lora_B's gradient
+        keeps_16_bit_input = deepspeed_linear or group[0] in KEPT_BY_ATTENTION or (adapted and not fp32_adapters)
+        if not keeps_16_bit_input:
+            saved += inputs * width
+    return saved
+
+
+def activation_bytes(model: ModelShape, run: RunShape, zero3: bool = False) -> int:
     """Everything the forward keeps for the backward, the logits and the loss's gradient included."""
     tokens = run.seq * run.micro_batch
     width = 2 if run.dtype in ("bf16", "fp16") else 4
     per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * width / 2
+    if run.lora_r:
+        per_layer_token -= frozen_base_saving(model, run, zero3)
     if run.compiled:
         per_layer_token *= COMPILED_ACTIVATIONS
     if run.gradient_checkpointing:
@@ -148,8 +213,12 @@ def activation_bytes(model: ModelShape, run: RunShape) -> int:
 
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     psi, n = model.params, run.ranks
+    # what trains: every weight, or a LoRA adapter on the frozen base (its gradients and optimizer states alone)
+    trained = model.adapter_params(run.lora_r, run.lora_targets) if run.lora_r else psi
+    if run.lora_r:
+        psi += trained  # the adapter's own weights
     half = 2 if run.dtype in ("bf16", "fp16") else 4
-    activations = activation_bytes(model, run)
+    activations = activation_bytes(model, run, zero3=setup.startswith("zero3"))
     bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
     # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)
     fp32_grad = 4 if half == 4 else half + 4
@@ -159,20 +228,20 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         # one process is not wrapped in DDP. Measured on 1.35B: 34.72 GiB on 2 H200s, 29.73 GiB on one.
         # Unlike the ZeRO terms these are a count, not a snapshot (DDP cannot run on a fake process
         # group): the totals fit within 2%, 7.5% with checkpointing.
-        phases = {"backward": {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer": 8 * psi,
-                               "activations": activations, "buffers": 4 * psi if n > 1 else 0}}
+        phases = {"backward": {"parameters": 4 * psi, "gradients": 4 * trained, "optimizer": 8 * trained,
+                               "activations": activations, "buffers": 4 * trained if n > 1 else 0}}
     elif setup in REDUCE_BUCKETS:
         weights = {"parameters": half * psi}
         if setup != "zero2_offload":
-            weights["optimizer"] = 12 * psi // n
+            weights["optimizer"] = 12 * trained // n
         phases = {"backward": {**weights, "activations": activations},
                   # the loss and logits are freed by the time the first gradients are reduced
                   "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
                                             "buffers": REDUCE_BUCKETS[setup] * bucket}}
         if setup == "zero2_offload":
-            host = 16 * psi // n * run.gpus_per_node  # the gradients go to the host bucket by bucket
+            host = 16 * trained // n * run.gpus_per_node  # the gradients go to the host bucket by bucket
         else:
-            phases["optimizer step"] = {**weights, "gradients": fp32_grad * psi // n}
+            phases["optimizer step"] = {**weights, "gradients": fp32_grad * trained // n}
     else:  # ZeRO-3: parameters sharded, gathered for use
         offload = setup != "zero3"
         # what stays gathered from the forward into the backward: fetched parameters are not released
@@ -180,13 +249,13 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         # none on one GPU, where nothing is gathered unless the parameters live on the host)
         gathered = half * (min(MAX_LIVE, psi) + model.largest_layer) if n > 1 or offload else 0
         if not offload:
-            states = {"parameters": half * psi // n, "gradients": half * psi // n, "optimizer": 12 * psi // n}
+            states = {"parameters": half * psi // n, "gradients": half * trained // n, "optimizer": 12 * trained // n}
             phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
-                      "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, psi // n), "buffers": bucket}}
+                      "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, trained // n), "buffers": bucket}}
         else:
             # the fp32 gradient partitions and optimizer states live on the host (or NVMe)
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
-            states = (half + 16) * psi // n * run.gpus_per_node
+            states = (half * psi + 16 * trained) // n * run.gpus_per_node
             if setup == "zero3_offload":
                 host = states
             else:

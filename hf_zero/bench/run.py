@@ -245,6 +245,8 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
     run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
                    bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")))
+    if setup.lora:
+        run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8
     predicted = estimate(name, shape, run).gpu_total / GIB
     row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":

@@ -87,9 +87,16 @@ class Setup:
         """Why the planner has no prediction for this setup, or None."""
         if self.kind == "fsdp":
             return "the planner has no FSDP model"
-        if self.lora:
-            return "the planner does not model LoRA (a frozen base without gradients or optimizer states)"
         return None
+
+    def lora_targets(self, model_type: str) -> tuple:
+        """The Linear names the LoRA adapter is on: target_modules, or peft's default for the architecture."""
+        targets = self.lora.get("target_modules")
+        if targets is None:
+            from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+            return tuple(PEFT_DEFAULTS.get(model_type, ()))
+        return (targets,) if isinstance(targets, str) else tuple(targets)
 
     @property
     def planner_setup(self) -> str | None:

@@ -27,6 +27,10 @@ def add_parser(subparsers):
     p.add_argument("--torch-compile", action="store_true",
                    help="the run uses TrainingArguments(torch_compile=True): fused layers keep fewer activations")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--lora-r", type=int, default=0, metavar="R",
+                   help="plan a peft LoRA adapter of rank R on the frozen model (as hf-zero finetune --lora_r)")
+    p.add_argument("--lora-target-modules", default="all-linear", metavar="NAMES",
+                   help="with --lora-r: comma-separated Linear names of the decoder layers, or all-linear (the default)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
@@ -64,7 +68,8 @@ def render(plan) -> str:
     lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
              f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
              f"{', gradient checkpointing' if r.gradient_checkpointing else ''}"
-             f"{', torch.compile' if r.compiled else ''}", ""]
+             f"{', torch.compile' if r.compiled else ''}"
+             f"{f', LoRA r={r.lora_r} on {_targets(m, r)}' if r.lora_r else ''}", ""]
     head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  peak in"
     lines.append(head)
     for est in plan.estimates:
@@ -83,6 +88,21 @@ def render(plan) -> str:
     return "\n".join(lines)
 
 
+def _targets(model, run) -> str:
+    names = model.lora_targets(run.lora_targets)
+    trained = model.adapter_params(run.lora_r, run.lora_targets)
+    return f"{','.join(names)} ({trained / 1e6:.1f}M trainable parameters)"
+
+
+def _lora(args) -> tuple:
+    if args.lora_r < 0:
+        raise ConfigError(f"--lora-r must be 0 (full fine-tuning) or a positive rank, got {args.lora_r}")
+    names = tuple(t.strip() for t in args.lora_target_modules.split(",") if t.strip())
+    if not names:
+        raise ConfigError("--lora-target-modules is empty; name Linear layers (e.g. q_proj,v_proj) or all-linear")
+    return args.lora_r, names
+
+
 def plot(plan, path) -> None:
     import matplotlib
 
@@ -98,7 +118,8 @@ def plot(plan, path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.axhline(plan.gpu_capacity / GIB, color="black", linestyle="--", label="GPU memory")
     ax.set_ylabel("GiB per GPU")
-    ax.set_title(f"{plan.model.name}: {plan.model.params / 1e9:.2f}B params, {plan.run.ranks} GPU(s)")
+    lora = f", LoRA r={plan.run.lora_r}" if plan.run.lora_r else ""
+    ax.set_title(f"{plan.model.name}: {plan.model.params / 1e9:.2f}B params{lora}, {plan.run.ranks} GPU(s)")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -128,17 +149,25 @@ def write_config(plan, path) -> None:
         if leaf in config["zero_optimization"]:
             set_dotted(config, key, bucket)
     if "stage3_module_granularity_threshold" in config["zero_optimization"]:
-        set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", leaf_threshold(plan.model))
+        # layers as ZeRO-3 leaves break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns it off too)
+        threshold = 0 if plan.run.lora_r else leaf_threshold(plan.model)
+        set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", threshold)
     Path(path).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def run(args) -> int:
+    lora_r, lora_targets = _lora(args)
     with contextlib.redirect_stdout(sys.stderr):  # transformers/DeepSpeed chatter stays off the report
         config = load_model_config(args.model)
         model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
     run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
-                         compiled=args.torch_compile)
+                         compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets)
+    if lora_r:
+        try:
+            model.lora_targets(lora_targets)
+        except ValueError as e:
+            raise ConfigError(f"--lora-target-modules: {e}") from None
     plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem)
     if args.json:
         print(json.dumps({"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice,
