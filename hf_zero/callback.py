@@ -61,6 +61,17 @@ def _checkpointing_kwargs(args):
     return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
 
 
+def _half_dtype(config: dict, args):
+    """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
+    import torch
+
+    for key, flag, dtype in (("bf16", "bf16", torch.bfloat16), ("fp16", "fp16", torch.float16)):
+        enabled = get_dotted(config, f"{key}.enabled", False)
+        if enabled is True or (enabled == "auto" and getattr(args, flag, False)):
+            return dtype
+    return None
+
+
 def _training_alone(seen: int, launched: int, who: str) -> str:
     return (f"{who} trains on a data-parallel world size of {seen}, but {launched} processes were launched: "
             "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments "
@@ -87,6 +98,8 @@ class ZeroCallback(TrainerCallback):
     built whole (not by zero.Init) is reported with its host-memory cost; with ``torch_compile``,
     stage 3 compiles each repeated block's forward and keeps DeepSpeed's hooks out of the graph
     (hf_zero/compile.py).
+    Before the engine: under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
+    dtype, as ZeRO-1/2 train them (``cast_adapters=False`` keeps them fp32).
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step.
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
@@ -94,9 +107,10 @@ class ZeroCallback(TrainerCallback):
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
 
-    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True):
+    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
+        self.cast_adapters = cast_adapters
         self.trainer = None
         self.stage = None
         self.warnings = []
@@ -173,7 +187,7 @@ class ZeroCallback(TrainerCallback):
                 zero["stage3_gather_16bit_weights_on_model_save"] = True
                 self._warn("stage3_gather_16bit_weights_on_model_save was off; turned it on so saved models reload "
                            "with from_pretrained (gathers 16-bit weights on rank 0 at each save).")
-            self._frozen_weights_under_zero3(model, config)
+            self._frozen_weights_under_zero3(model, config, args)
             self._compile_blocks_not_hooks(model, config)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
@@ -199,14 +213,19 @@ class ZeroCallback(TrainerCallback):
         if problems:
             raise ConfigError(problems)
 
-    def _frozen_weights_under_zero3(self, model, config) -> None:
-        """LoRA/adapters under ZeRO-3: no leaf modules (DeepSpeed breaks them), and ZeRO-2 advice where it fits."""
-        from .lora import no_leaf_modules_with_frozen_weights, zero2_advice
+    def _frozen_weights_under_zero3(self, model, config, args) -> None:
+        """LoRA/adapters under ZeRO-3: no leaf modules (DeepSpeed breaks them), adapters in the base's 16-bit
+        dtype (as ZeRO-1/2 train them), and ZeRO-2 advice where it fits."""
+        from .lora import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 
         frozen = [p for p in model.parameters() if not p.requires_grad]
         if not frozen:
             return
         note = no_leaf_modules_with_frozen_weights(model, config)
+        if note:
+            self._warn(note)
+        dtype = _half_dtype(config, args)
+        note = adapters_to_training_dtype(model, dtype) if self.cast_adapters and dtype is not None else None
         if note:
             self._warn(note)
         # ds_numel: a zero.Init partition's full size (its numel() is 0)

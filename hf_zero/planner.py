@@ -35,10 +35,11 @@ DeepSpeed's optimizer step.
 
 LoRA (``RunShape.lora_r``): the base is frozen, so gradients and optimizer states are the adapter's
 alone, and a frozen layer saves less for its backward (counted in ``frozen_base_saving``, checked
-on CPU by tests/test_planner.py). Under ZeRO-3 the adapters stay fp32 (DeepSpeed partitions them
-after the 16-bit cast) and peft casts each adapted layer's input to fp32, a copy kept for the
-backward: LoRA on every Linear of the 1.35B model took 6.52 GiB of such copies, more than ZeRO-3
-saved (measured with ``--simulate-ranks``).
+on CPU by tests/test_planner.py). Left alone, ZeRO-3 trains peft's adapters in fp32 (DeepSpeed
+partitions them as they are) and peft keeps an fp32 copy of each adapted layer's input for the
+backward: 6.52 GiB with LoRA on every Linear of the 1.35B model (``--simulate-ranks``). ZeroCallback
+casts the adapters to the base's 16 bits, as ZeRO-1/2 train them; ``RunShape.fp32_adapters`` plans
+a run without that cast.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -131,6 +132,7 @@ class RunShape:
     bucket: int = 500_000_000  # reduce / prefetch bucket elements (hf_zero presets)
     lora_r: int = 0  # > 0: a peft LoRA adapter of this rank trains on the frozen model
     lora_targets: tuple = ("all-linear",)  # the decoder layers' Linear names it adapts (peft's target_modules)
+    fp32_adapters: bool = False  # ZeRO-3 trains the adapter in fp32 (without ZeroCallback's cast to 16 bits)
 
     @property
     def ranks(self) -> int:
@@ -173,7 +175,8 @@ def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
     - A frozen Linear keeps no input, unless an adapter in its input group keeps it. Not under eager
       ZeRO-3: DeepSpeed's Linear keeps every input (torch's is restored when blocks are compiled).
     - A frozen RMSNorm keeps no normalized input (it needs none for the input's gradient).
-    - Under ZeRO-3 the adapters stay fp32: each adapted Linear keeps an fp32 copy of its input instead.
+    - Under ZeRO-3 without ZeroCallback the adapters stay fp32: each adapted Linear keeps an fp32 copy of its
+      input instead (``RunShape.fp32_adapters``; the callback casts them to the base's 16 bits).
     - Each adapter keeps its r-wide inner activation."""
     width = 2 if run.dtype in ("bf16", "fp16") else 4
     targets = set(model.lora_targets(run.lora_targets))
@@ -181,7 +184,7 @@ def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
         return 0
     saved = LLAMA_NORMS * model.hidden * width
     deepspeed_linear = zero3 and not run.compiled
-    fp32_adapters = zero3 and width < 4
+    fp32_adapters = zero3 and run.fp32_adapters and width < 4
     for group in LLAMA_INPUT_GROUPS:
         inputs = model.linears[group[0]][0]
         adapted = targets.intersection(group)

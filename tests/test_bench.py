@@ -475,14 +475,21 @@ def test_planner_row_compares_only_gpu_memory():
     shape = ModelShape.from_config(build_config(resolve_model("tiny")[1]))
     opts = Options(nproc=2, seq=32)
     setups = named_setups()
-    predicted = planner_row(setups["zero2"], shape, opts, None)["predicted_gib"]
-    near = planner_row(setups["zero2"], shape, opts, {"kind": "cuda", "peak_gib": predicted * 1.1})
-    far = planner_row(setups["zero2"], shape, opts, {"kind": "cuda", "peak_gib": predicted * 1.3})
+    predicted = planner_row(setups["zero2"], shape, opts, {})["predicted_gib"]
+    near = planner_row(setups["zero2"], shape, opts, {"memory": {"kind": "cuda", "peak_gib": predicted * 1.1}})
+    far = planner_row(setups["zero2"], shape, opts, {"memory": {"kind": "cuda", "peak_gib": predicted * 1.3}})
     assert near["within_tolerance"] and not far["within_tolerance"]
-    assert "not comparable" in planner_row(setups["zero2"], shape, opts, {"kind": "rss", "peak_gib": 0.5})["note"]
-    assert planner_row(setups["fsdp"], shape, opts, None)["setup"] is None
-    auto = planner_row(setups["ds_auto_zero2"], shape, opts, None)
+    rss = {"memory": {"kind": "rss", "peak_gib": 0.5}}
+    assert "not comparable" in planner_row(setups["zero2"], shape, opts, rss)["note"]
+    assert planner_row(setups["fsdp"], shape, opts, {})["setup"] is None
+    auto = planner_row(setups["ds_auto_zero2"], shape, opts, {})
     assert auto["bucket"] == shape.hidden ** 2  # "auto" buckets as the Trainer fills them
+    # a LoRA row is planned in the dtype the worker saw the engine train the adapter in; rows measured before
+    # it was recorded had fp32 adapters under ZeRO-3 (each adapted layer's input kept again in fp32)
+    lora = parse_variant("l=zero3:lora.r=4", setups)
+    bf16, fp32 = ({"adapter_dtypes": [f"torch.{t}"]} for t in ("bfloat16", "float32"))
+    assert planner_row(lora, shape, opts, bf16)["predicted_gib"] < planner_row(lora, shape, opts, fp32)["predicted_gib"]
+    assert planner_row(lora, shape, opts, {})["predicted_gib"] == planner_row(lora, shape, opts, fp32)["predicted_gib"]
 
 
 def test_replan_recomputes_the_planner_column_with_the_installed_planner(tmp_path, capsys):

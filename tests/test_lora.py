@@ -63,6 +63,27 @@ def test_lora_tensors_really_are_partitions(lora_run):
     assert result["lora_numel_on_rank0"] and set(result["lora_numel_on_rank0"].values()) == {0}
     # quiet: LoRA tensors added after zero.Init are not "a model built whole"
     assert not any("built whole" in w for w in result["warnings"]), result["warnings"]
+    # quiet: an fp32 run has no 16-bit dtype to cast the adapters to
+    assert result["lora_dtypes"] == ["torch.float32"]
+    assert not any("trainable fp32 tensors" in w for w in result["warnings"]), result["warnings"]
+
+
+@pytest.mark.slow  # one more 2-process run, 25 s
+def test_bf16_adapters_train_in_bf16_under_zero3_and_reload(tiny_models, tmp_path):
+    """peft keeps adapters fp32; ZeRO-3 would train them so, with an fp32 copy of each adapted input kept for the
+    backward. ZeroCallback casts them to the base's bf16 before the engine partitions them, as ZeRO-1/2 do."""
+    import torch
+
+    result = run_lora(tiny_models["llama"], tmp_path, "--bf16")
+    assert result["engine"] == "DeepSpeedEngine" and set(result["lora_numel_on_rank0"].values()) == {0}
+    assert result["lora_dtypes"] == ["torch.bfloat16"]
+    note = next(w for w in result["warnings"] if "trainable fp32 tensors" in w)
+    assert "to torch.bfloat16" in note and "cast_adapters=False" in note
+    assert all(loss == loss for loss in result["losses"])  # trained, no NaN
+    expected = _expected(tmp_path)
+    reloaded = dict(_reload_adapter(tiny_models["llama"], tmp_path / "adapter").named_parameters())
+    for name, tensor in expected.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(reloaded[name].to(tensor.dtype), tensor), name
 
 
 @pytest.mark.parametrize("folder", ["final", "adapter"])
@@ -212,6 +233,33 @@ def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
     stage2 = load_config("zero2")
     stage2["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
     assert no_leaf_modules_with_frozen_weights(lora, stage2) is None
+
+
+def test_adapters_are_cast_only_around_a_16_bit_frozen_base():
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_zero.lora import adapters_to_training_dtype
+
+    def build(dtype):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, vocab_size=64)).to(dtype)
+        return model
+
+    lora = get_peft_model(build(torch.bfloat16), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    adapters = [p for p in lora.parameters() if p.requires_grad]
+    assert {p.dtype for p in adapters} == {torch.float32}  # peft's autocast_adapter_dtype
+    note = adapters_to_training_dtype(lora, torch.bfloat16)
+    assert "cast 4 trainable fp32 tensors" in note and {p.dtype for p in adapters} == {torch.bfloat16}
+    assert adapters_to_training_dtype(lora, torch.bfloat16) is None  # already cast
+    # quiet: full fine-tuning, an fp32 base, an fp16 run over a bf16 base
+    assert adapters_to_training_dtype(build(torch.float32), torch.bfloat16) is None
+    fp32_base = get_peft_model(build(torch.float32), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert adapters_to_training_dtype(fp32_base, torch.bfloat16) is None
+    other = get_peft_model(build(torch.bfloat16), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert adapters_to_training_dtype(other, torch.float16) is None
+    assert {p.dtype for p in other.parameters() if p.requires_grad} == {torch.float32}
 
 
 def test_zero2_advice_for_a_lora_base_that_fits_each_gpu():

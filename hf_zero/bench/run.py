@@ -237,8 +237,10 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) -> dict:
-    """The planner's per-GPU peak for this setup, next to the measured one (GPU runs only: CPU RSS is not comparable)."""
+def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
+    """The planner's per-GPU peak for this setup, next to the measured one in ``row`` (GPU runs only: CPU RSS
+    is not comparable)."""
+    measured = row.get("memory")
     name = setup.planner_setup
     if name is None:
         return {"setup": None, "note": setup.planner_gap}
@@ -247,6 +249,9 @@ def planner_row(setup, shape: ModelShape, opts: Options, measured: dict | None) 
                    bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")))
     if setup.lora:
         run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8
+        # the dtype the engine trained the adapter in; rows measured before the bench recorded it (and before
+        # ZeroCallback cast adapters to 16 bits) trained them in fp32 under ZeRO-3
+        run.fp32_adapters = "torch.float32" in row.get("adapter_dtypes", ["torch.float32"])
     predicted = estimate(name, shape, run).gpu_total / GIB
     row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":
@@ -274,7 +279,7 @@ def replan_rows(data: dict, rows: list, options_of) -> int:
     known = {f.name for f in fields(Setup)}
     for row in rows:  # rows from older versions lack newer Setup fields: their defaults apply
         setup = Setup(**{k: v for k, v in row["setup"].items() if k in known})
-        row["planner"] = planner_row(setup, shape, options_of(row), row.get("memory"))
+        row["planner"] = planner_row(setup, shape, options_of(row), row)
     data["replanned"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return len(rows)
 
@@ -400,7 +405,7 @@ def _sweep(opts: Options, progress) -> int:
             row_seq = round(row.get("data", {}).get("mean_sample_tokens", opts.seq))
             row_flops = flops_per_token(shape, row_seq, tied, frozen_base=bool(setup.lora))
             row["tflops_per_gpu"] = row_flops * row["tokens_per_s"] / opts.nproc / 1e12
-        row["planner"] = planner_row(setup, shape, opts, row.get("memory"))
+        row["planner"] = planner_row(setup, shape, opts, row)
         rows[setup.name] = row
         data["results"] = list(rows.values())
         write_results(path, data)

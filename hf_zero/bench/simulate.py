@@ -76,6 +76,8 @@ def worker(spec: dict) -> dict:
                          "peak_gib": memory.get("alloc_gib", memory.get("rss_gib")),
                          "peak_reserved_gib": memory.get("reserved_gib")},
               "memory_breakdown": recorder.summary}
+    if setup.get("lora"):
+        result["adapter_dtypes"] = bench_worker.adapter_dtypes(trainer.model)
     hf_zero.shutdown()
     return result
 
@@ -157,7 +159,7 @@ def simulate(opts: Options, ranks: list, progress=print) -> int:
     for i, (n, setup) in enumerate(runs, 1):
         row = _launch(setup, n, opts, model, out, gpus > 0)
         if row["status"] == "ok":
-            row["planner"] = planner_row(setup, shape, Options(nproc=n, seq=opts.seq), row["memory"])
+            row["planner"] = planner_row(setup, shape, Options(nproc=n, seq=opts.seq), row)
         data["results"].append(row)
         write_results(out / "simulated.json", data)
         progress(f"[{i}/{len(runs)}] {setup.name} as rank 0 of {n}: " + (

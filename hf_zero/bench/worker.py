@@ -272,6 +272,13 @@ def with_lora(model, setup: dict):
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **setup["lora"]))
 
 
+def adapter_dtypes(model) -> list | None:
+    """The dtypes the engine trains a LoRA adapter in (a ZeRO-3 partition's own dtype); None without one."""
+    if all(p.requires_grad for p in model.parameters()):
+        return None
+    return sorted({str(getattr(p, "ds_tensor", p).dtype) for p in model.parameters() if p.requires_grad})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="JSON written by hf_zero.bench.run")
@@ -344,6 +351,8 @@ def main(argv=None):
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
         }
+        if setup.get("lora"):
+            result["adapter_dtypes"] = adapter_dtypes(trainer.model)
         if data_stats:
             result["data"] = data_stats
         graphs = _compiled_graphs()

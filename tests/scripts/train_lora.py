@@ -54,6 +54,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--save-steps", type=int, default=0)
     p.add_argument("--gc", action="store_true")
+    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the base partitions in bf16)")
     p.add_argument("--naive-save", action="store_true")
     p.add_argument("--merge", action="store_true")
     p.add_argument("--resume", help="a checkpoint-N folder to resume from (through hf_zero.prepare_resume)")
@@ -65,7 +66,8 @@ def main():
     args = hf_zero.TrainingArguments(
         output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=1e-2, logging_steps=1,
         report_to=[], seed=0, save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
-        disable_tqdm=True, lr_scheduler_type="constant", deepspeed=deepspeed_config(opts), **{CHECKPOINTING_ARG: opts.gc})
+        disable_tqdm=True, lr_scheduler_type="constant", deepspeed=deepspeed_config(opts), bf16=opts.bf16,
+        **{CHECKPOINTING_ARG: opts.gc})
     base = AutoModelForCausalLM.from_pretrained(opts.model)  # zero.Init through TrainingArguments
     base_partitioned = hf_zero.is_partitioned(base)
     torch.manual_seed(0)  # LoRA A's init; rank 0's is broadcast when DeepSpeed partitions it
@@ -100,6 +102,9 @@ def main():
             "base_partitioned_at_load": base_partitioned,
             "partitioned_after_training": hf_zero.is_partitioned(trainer.model),
             "lora_numel_on_rank0": {n: p.numel() for n, p in trainer.model.named_parameters() if "lora_" in n},
+            # the dtype the engine trains each adapter partition in
+            "lora_dtypes": sorted({str(getattr(p, "ds_tensor", p).dtype) for n, p in trainer.model.named_parameters()
+                                   if "lora_" in n}),
             "warnings": callback.warnings,
             # the same real args and model, as DeepSpeed 0.19.2 (CheckpointError reproduced there) would see them
             "checkpointing_problems_0_19_2": hf_zero.lora.checkpointing_problems(trainer.model, args, "0.19.2"),
