@@ -275,6 +275,8 @@ def test_variant_parsing():
     assert parse_variant("v=fsdp:data.min_seq=256,data.pad_to_multiple_of=64", known).data == {
         "min_seq": 256, "pad_to_multiple_of": 64}
     assert known["fsdp"].data == {}
+    assert parse_variant("f=zero3:lora.r=8,callback.cast_adapters=false", known).callback == {"cast_adapters": False}
+    assert known["zero3"].callback == {}
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),
                        ("z=zero3:=5", "not key=value"), ("n=ddp:torchrun.numa-binding=close", "invalid choice"),
@@ -283,7 +285,11 @@ def test_variant_parsing():
                        ("c=zero3:dynamo.recompile_limt=64", "no setting 'recompile_limt'"),
                        ("l=zero3:lora.rank=8", "LoraConfig has no field 'rank'"), ("l=zero3:lora.task_type=SEQ_CLS", "CAUSAL_LM"),
                        ("v=zero3:data.min_len=8", "data.min_len: unknown"), ("v=zero3:data.min_seq=0", "positive integer"),
-                       ("v=zero3:data.pad_to_multiple_of=8", "give data.min_seq too")):
+                       ("v=zero3:data.pad_to_multiple_of=8", "give data.min_seq too"),
+                       ("f=zero3:callback.cast=false", "ZeroCallback has no option 'cast'"),
+                       ("f=zero3:callback.log_memory=true", "no option 'log_memory'"),
+                       ("f=zero3:callback.cast_adapters=2", "true or false"),
+                       ("f=fsdp:callback.cast_adapters=false", "not a DeepSpeed setup")):
         with pytest.raises(ConfigError, match=words):
             parse_variant(bad, known)
 

@@ -87,6 +87,10 @@ MEASURED_LORA = [  # setup, GPUs, micro batch, checkpointing, r, targets, fp32 a
     ("zero3", 2, 4, False, 16, ("all-linear",), False, 13.66),
     ("zero3", 2, 8, True, 16, QV, False, 7.93),
     ("zero2", 2, 4, False, 16, QV, False, 10.57),
+    # real runs on one H200, both adapter dtypes (1xH200/sweeps/lora_adapter_dtype.json)
+    ("zero3", 1, 4, False, 16, QV, False, 12.93),
+    ("zero3", 1, 4, False, 16, ("all-linear",), False, 13.13),
+    ("zero3", 1, 4, False, 16, ("all-linear",), True, 19.61),
 ]
 
 

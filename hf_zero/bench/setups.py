@@ -9,6 +9,7 @@ Variants for sweeps: ``NAME=BASE:key=value,key=value`` where BASE is any setup n
 field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-binding=node``),
 ``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``),
 ``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``),
+``callback.OPTION`` (a ZeroCallback option of DeepSpeed setups, e.g. ``callback.cast_adapters=false``),
 ``data.min_seq`` / ``data.pad_to_multiple_of`` (variable-length samples of min_seq..seq tokens, each batch padded
 to its longest, as DataCollatorWithPadding pads a tokenized dataset) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
@@ -76,6 +77,7 @@ class Setup:
     dynamo: dict = field(default_factory=dict)  # torch._dynamo.config settings of the workers
     lora: dict = field(default_factory=dict)  # peft.LoraConfig fields; empty: full fine-tuning
     data: dict = field(default_factory=dict)  # DATA_FIELDS; empty: every sample is --seq tokens long
+    callback: dict = field(default_factory=dict)  # ZeroCallback options (hf_zero.attach keywords)
     base: str = ""  # the named setup it derives from
 
     @property
@@ -179,6 +181,19 @@ def _lora_problem(name: str) -> str | None:
     return None
 
 
+def _callback_problem(option: str, value) -> str | None:
+    import inspect
+
+    from ..callback import ZeroCallback
+
+    options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
+    if option not in options:
+        return f"callback.{option}: ZeroCallback has no option {option!r} (the bench sets log_memory); options: {', '.join(options)}"
+    if not isinstance(value, bool):
+        return f"callback.{option} must be true or false, got {value!r}"
+    return None
+
+
 def parse_variant(spec: str, known: dict) -> Setup:
     """``NAME=BASE:key=value,...`` -> a Setup derived from the setup BASE (see the module docstring)."""
     name, sep, rest = spec.partition("=")
@@ -242,6 +257,12 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 problems.append(problem)
             else:
                 setup.lora[key.removeprefix("lora.")] = value
+        elif key.startswith("callback.") and setup.kind == "deepspeed":
+            problem = _callback_problem(key.removeprefix("callback."), value)
+            if problem:
+                problems.append(problem)
+            else:
+                setup.callback[key.removeprefix("callback.")] = value
         elif key.startswith("data."):
             name = key.removeprefix("data.")
             if name not in DATA_FIELDS:

@@ -63,7 +63,7 @@ def worker(spec: dict) -> dict:
     data = bench_worker.RandomTokens(model.config.vocab_size, spec["seq"], spec["steps"] * setup["micro_batch"] * spec["ranks"])
     trainer = Trainer(model=model, args=args, train_dataset=data)
     if setup["kind"] == "deepspeed":
-        hf_zero.attach(trainer, log_memory=False)
+        hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {}))
     timer = bench_worker.StepTimer()  # resets the peak once the model and engine are built
     recorder = PeakMemoryRecorder(step=spec["steps"] - 1)
     trainer.add_callback(timer)

@@ -301,7 +301,7 @@ def main(argv=None):
                         min_seq=variable.get("min_seq"))
     collator = PadToLongest(variable.get("pad_to_multiple_of")) if variable else None
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
-    callback = hf_zero.attach(trainer, log_memory=False) if setup["kind"] == "deepspeed" else None
+    callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
     timer = StepTimer()
     trainer.add_callback(timer)
     profiler = None
