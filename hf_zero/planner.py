@@ -138,6 +138,11 @@ class RunShape:
     def ranks(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one weight, gradient or activation element in the run's training dtype."""
+        return 2 if self.dtype in ("bf16", "fp16") else 4
+
 
 @dataclass
 class Estimate:
@@ -165,7 +170,7 @@ class Estimate:
 
 
 def logit_bytes(model: ModelShape, run: RunShape) -> int:
-    width = 2 if run.dtype in ("bf16", "fp16") else 4
+    width = run.element_bytes
     return int(run.seq * run.micro_batch * model.vocab * LOGIT_BYTES * width / 2)
 
 
@@ -178,7 +183,7 @@ def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
     - Under ZeRO-3 without ZeroCallback the adapters stay fp32: each adapted Linear keeps an fp32 copy of its
       input instead (``RunShape.fp32_adapters``; the callback casts them to the base's 16 bits).
     - Each adapter keeps its r-wide inner activation."""
-    width = 2 if run.dtype in ("bf16", "fp16") else 4
+    width = run.element_bytes
     targets = set(model.lora_targets(run.lora_targets))
     if set(model.linears) != {name for group in LLAMA_INPUT_GROUPS for name in group}:
         return 0
@@ -200,7 +205,7 @@ def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
 def activation_bytes(model: ModelShape, run: RunShape, zero3: bool = False) -> int:
     """Everything the forward keeps for the backward, the logits and the loss's gradient included."""
     tokens = run.seq * run.micro_batch
-    width = 2 if run.dtype in ("bf16", "fp16") else 4
+    width = run.element_bytes
     per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * width / 2
     if run.lora_r:
         per_layer_token -= frozen_base_saving(model, run, zero3)
@@ -220,7 +225,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     trained = model.adapter_params(run.lora_r, run.lora_targets) if run.lora_r else psi
     if run.lora_r:
         psi += trained  # the adapter's own weights
-    half = 2 if run.dtype in ("bf16", "fp16") else 4
+    half = run.element_bytes
     activations = activation_bytes(model, run, zero3=setup.startswith("zero3"))
     bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
     # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)

@@ -253,14 +253,14 @@ def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
         # ZeroCallback cast adapters to 16 bits) trained them in fp32 under ZeRO-3
         run.fp32_adapters = "torch.float32" in row.get("adapter_dtypes", ["torch.float32"])
     predicted = estimate(name, shape, run).gpu_total / GIB
-    row = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
+    planned = {"setup": name, "predicted_gib": predicted, "bucket": run.bucket}
     if measured and measured.get("kind") == "cuda":
         error = predicted / measured["peak_gib"] - 1  # the plan's error, relative to what was measured
-        row.update(measured_gib=measured["peak_gib"], error=error,
-                   within_tolerance=abs(error) <= PLANNER_TOLERANCE)
+        planned.update(measured_gib=measured["peak_gib"], error=error,
+                       within_tolerance=abs(error) <= PLANNER_TOLERANCE)
     else:
-        row["note"] = "measured on CPU as peak RSS (libraries included): not comparable with the plan"
-    return row
+        planned["note"] = "measured on CPU as peak RSS (libraries included): not comparable with the plan"
+    return planned
 
 
 def replan(data: dict) -> int:
