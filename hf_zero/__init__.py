@@ -5,46 +5,65 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     hf_zero.attach(trainer)
     trainer.train(); trainer.save_model("out/final")
+
+Names are imported on first use, so ``import hf_zero`` (and ``hf-zero --help``) loads neither torch
+nor DeepSpeed until something needs them.
 """
 
-from .callback import ZeroCallback, attach
-from .checkpoint import checkpoint_problems, last_good_checkpoint
-from .config import Finding, validate_config
-from .distributed import init_distributed, shutdown
-from .errors import ConfigError
-from .export import export
-from .loading import from_pretrained, is_partitioned, release_zero3_config, zero3_init
-from .presets import accelerate_config_path, load_config, preset_descriptions, recipe_path
-from .resume import convert_to_universal, prepare_resume
-from .saving import gathered_params, gathered_state_dict, saved_model_problems
-from .training_args import TrainingArguments
-from . import lora  # LoRA/PEFT under ZeRO-3: hf_zero.lora.save_adapter, merge_and_save
+import importlib
+
+from . import moved_modules
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "accelerate_config_path",
-    "attach",
-    "checkpoint_problems",
-    "ConfigError",
-    "convert_to_universal",
-    "export",
-    "Finding",
-    "from_pretrained",
-    "gathered_params",
-    "gathered_state_dict",
-    "init_distributed",
-    "is_partitioned",
-    "last_good_checkpoint",
-    "load_config",
-    "prepare_resume",
-    "preset_descriptions",
-    "recipe_path",
-    "release_zero3_config",
-    "saved_model_problems",
-    "shutdown",
-    "TrainingArguments",
-    "validate_config",
-    "zero3_init",
-    "ZeroCallback",
-]
+# public name -> the module that defines it
+_PUBLIC = {
+    "accelerate_config_path": "config.presets",
+    "attach": "trainer.callback",
+    "CheckpointError": "errors",
+    "checkpoint_problems": "checkpoints.folders",
+    "ConfigError": "errors",
+    "convert_to_universal": "checkpoints.resume",
+    "export": "checkpoints.export",
+    "Finding": "config.findings",
+    "from_pretrained": "zero3.loading",
+    "gathered_params": "zero3.gathering",
+    "gathered_state_dict": "zero3.gathering",
+    "HfZeroError": "errors",
+    "init_distributed": "distributed",
+    "is_partitioned": "zero3.partitions",
+    "last_good_checkpoint": "checkpoints.folders",
+    "load_config": "config.presets",
+    "prepare_resume": "checkpoints.resume",
+    "preset_descriptions": "config.presets",
+    "preset_path": "config.presets",
+    "recipe_path": "config.presets",
+    "release_zero3_config": "zero3.loading",
+    "saved_model_problems": "checkpoints.saved_models",
+    "shutdown": "distributed",
+    "TrainingArguments": "trainer.training_args",
+    "UnsafeCheckpointError": "errors",
+    "validate_config": "config.validate",
+    "zero3_init": "zero3.loading",
+    "ZeroCallback": "trainer.callback",
+}
+_SUBMODULES = ("bench", "checkpoints", "cli", "config", "finetune", "lora", "metrics", "planner", "trainer", "zero3")
+
+__all__ = sorted(_PUBLIC, key=str.lower)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'hf_zero' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC) | set(_SUBMODULES))
+
+
+moved_modules.install()

@@ -9,13 +9,32 @@ import os
 import socket
 import warnings
 
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# Every variable torchrun / the deepspeed launcher / accelerate launch set for a worker; a process that must not
+# join the run (a clean merge, a reload) starts without them
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+# What DeepSpeed reads to join a process group without mpi4py
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def name_cpu_accelerator() -> None:
+    """On a machine without CUDA, tell DeepSpeed it runs on the CPU (DS_ACCELERATOR=cpu) before it is imported,
+    so it does not warn "Setting accelerator to CPU" on every command. A value the user set is kept."""
+    if "DS_ACCELERATOR" not in os.environ and not has_gpu():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def gpu_count() -> int:
+    """CUDA devices this process sees. Creates no CUDA context: a parent must not hold GPU memory its workers measure."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def gpu_memory_bytes() -> int | None:
@@ -35,13 +54,25 @@ def free_port() -> int:
 
 def ensure_single_process_env() -> None:
     """Without a launcher, DeepSpeed looks for mpi4py; give it the variables of a 1-process launch."""
-    if all(v in os.environ for v in _LAUNCHER_VARS):
+    if all(v in os.environ for v in _RANK_VARS):
         return
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def launcher_free_env() -> dict:
+    """This process's environment without the launcher's (and Accelerate's) variables, for a child that runs alone."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("ACCELERATE_")}
+
+
+def is_distributed() -> bool:
+    """Whether a torch.distributed process group is running in this process."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def world_size() -> int:
@@ -54,9 +85,7 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
     Under ZeRO-3 with a launcher this must happen before TrainingArguments exists, else the
     Trainer computes the batch size for world size 1 (``8 != 4 * 1 * 1``).
     """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    if is_distributed():
         return
     # DeepSpeed 0.19 calls these on every step; torch's rename warning would flood the logs
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
@@ -79,26 +108,39 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
 
 def is_main_process() -> bool:
     """Rank 0, from the process group if there is one, else from the launcher's RANK."""
-    import torch.distributed as dist
+    if is_distributed():
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"
 
 
 def barrier() -> None:
+    if is_distributed():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def from_rank0(value):
+    """Rank 0's ``value`` on every rank, after a barrier (so no rank reads what rank 0 is still writing);
+    ``value`` itself without a process group. Lets every rank raise together instead of some waiting forever."""
+    if not is_distributed():
+        return value
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    dist.barrier()
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def shutdown() -> None:
     """Wait for every rank, then tear the group down: ranks that exit while rank 0 still saves
     made ZeRO-3 runs die with 'terminate called without an active exception'."""
-    import torch.distributed as dist
+    if is_distributed():
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
         # Gloo work objects that still hold tensors are freed now, with the interpreter whole: freed

@@ -28,7 +28,7 @@ why an N-free term belongs here: a model of 18/N with no gathered term fitted 2 
 under at 8. Activations follow the model's shapes (hidden h, intermediate i, layers, vocab) per token;
 with gradient checkpointing only each layer's input is kept, plus one layer being recomputed;
 torch.compile's fused layers keep fewer of them. The constants marked "calibrated" were fitted to
-memory snapshots of the 1.35B model on H200s (hf_zero/bench/results): tests/test_planner.py holds
+memory snapshots of the 1.35B model on H200s (benchmarks): tests/test_planner.py holds
 every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
 on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
 DeepSpeed's optimizer step.
@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 GIB = 1024**3
 SETUPS = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme")
 # Least sharding first, offload only when nothing on the GPUs fits: the first that fits is the fastest.
-# Measured on 2x H200, 1.35B (hf_zero/bench/results/2xH200): zero3 30k tokens/s, zero3_offload 7.5k
+# Measured on 2x H200, 1.35B (benchmarks/2xH200): zero3 30k tokens/s, zero3_offload 7.5k
 # (its Adam step runs on the CPU, as zero2_offload's does).
 PREFERENCE = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme")
 

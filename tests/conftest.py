@@ -20,7 +20,7 @@ from hf_zero.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-WORKER = REPO / "tests" / "scripts" / "train_tiny.py"
+WORKER = REPO / "tests" / "workers" / "train_tiny.py"
 
 
 def worker_env(**extra) -> dict:
@@ -81,7 +81,7 @@ def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=No
     return proc
 
 
-LORA_WORKER = REPO / "tests" / "scripts" / "train_lora.py"
+LORA_WORKER = REPO / "tests" / "workers" / "train_lora.py"
 
 
 def run_lora(model_path, out, *flags, nproc=2, env=None):

@@ -1,4 +1,4 @@
-"""results.json -> results.md (the table for the README, with the issue's targets) and bench.png.
+"""results.json -> results.md (the table the docs quote, with the project's targets) and bench.png.
 
 Everything here reads the JSON only, so ``hf-zero bench --report OUT/results.json`` re-renders a
 committed result without a GPU.
@@ -88,7 +88,7 @@ def _spread_note(ratio: float, target: float, ours: dict, theirs: dict) -> str:
 
 
 def evaluate_targets(data: dict) -> list:
-    """The issue's targets as (target, "PASS" / "FAIL" / "n/a", detail), from the measured rows."""
+    """The project's targets as (target, "PASS" / "FAIL" / "n/a", detail), from the measured rows."""
     rows = {r["name"]: r for r in data["results"]}
     ranks = data.get("fingerprint", {}).get("nproc")
     found = []
@@ -98,7 +98,7 @@ def evaluate_targets(data: dict) -> list:
                       f"{memory:.0%} of its peak memory")
             ours, theirs = _ok(rows, name + suffix), _ok(rows, base + suffix)
             if ranks not in (None, 2):
-                # one process shards nothing and has no FSDP; the issue sets these for two GPUs
+                # one process shards nothing and has no FSDP; the targets are set for two GPUs
                 found.append((target, "n/a", f"set for 2 GPUs; this run used {ranks}"))
                 continue
             if not ours or not theirs:
@@ -283,7 +283,7 @@ def render_markdown(data: dict) -> str:
     if device.get("type") != "cuda":
         lines += ["**CPU run**: a tiny model that tests the harness; its speeds and memory say nothing about GPUs, "
                   "and the targets below are defined for 2x H200.", ""]
-    lines += [table(data), "", "## Targets (from the issue; the speed and memory ones are for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
+    lines += [table(data), "", "## Targets (the speed and memory ones are for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
     lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
     profiled = profile_table(data)
     if profiled:

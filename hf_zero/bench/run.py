@@ -20,14 +20,14 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
-from ..distributed import free_port
+from ..distributed import free_port, gpu_count
 from ..errors import ConfigError
 from ..planner import GIB, ModelShape, RunShape, estimate
 from .model import build_config, flops_per_token, params_text, resolve_model
 from .setups import Setup, reduce_bucket, select
 
 SCHEMA = 1
-PLANNER_TOLERANCE = 0.15  # the issue's target: each plan within +-15% of the measured peak
+PLANNER_TOLERANCE = 0.15  # the target: each plan within +-15% of the measured peak
 _PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "hf_zero", "safetensors")
 
 
@@ -51,14 +51,8 @@ class Options:
     repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
 
 
-def _gpu_count() -> int:
-    import torch  # no CUDA context is created: the parent must not hold GPU memory the workers measure
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def resolve_defaults(opts: Options, gpus: int) -> Options:
-    """GPU: the issue's 1.35B model at sequence 1024 on every GPU; CPU: a tiny model, so CI tests the harness."""
+    """GPU: the 1.35B model at sequence 1024 on every GPU; CPU: a tiny model, so CI tests the harness."""
     on_gpu = gpus > 0
     opts.nproc = opts.nproc or (gpus if on_gpu else 2)
     opts.model = opts.model or ("1.35b" if on_gpu else "tiny")
@@ -310,7 +304,7 @@ def _load_existing(path: Path, fingerprint: dict, fresh: bool) -> dict | None:
 def _check_configs(setups, on_gpu: bool, nproc: int, seq: int) -> None:
     """Every DeepSpeed config through hf_zero's checker, and every variable-length setup against --seq, before
     any GPU minute is spent: all problems at once."""
-    from ..config import check_config
+    from ..config.validate import check_config
 
     problems = []
     for setup in setups:
@@ -340,7 +334,7 @@ def run_bench(opts: Options, progress=_print) -> int:
 
 
 def _sweep(opts: Options, progress) -> int:
-    gpus = _gpu_count()
+    gpus = gpu_count()
     on_gpu = gpus > 0
     opts = resolve_defaults(opts, gpus)
     setups = select(opts.setups, opts.variants, opts.nproc)

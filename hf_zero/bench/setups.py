@@ -22,7 +22,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError
-from ..presets import get_dotted, load_config, set_dotted
+from ..config.dotted import get_dotted, set_dotted
+from ..config.presets import load_config
 
 MICRO_BATCH, GC_MICRO_BATCH = 4, 8
 PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
@@ -184,7 +185,7 @@ def _lora_problem(name: str) -> str | None:
 def _callback_problem(option: str, value) -> str | None:
     import inspect
 
-    from ..callback import ZeroCallback
+    from ..trainer.callback import ZeroCallback
 
     options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
     if option not in options:

@@ -10,18 +10,17 @@ checked. Every step's allocations are recorded on the last step: the peak comes 
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..distributed import free_port
+from ..distributed import free_port, gpu_count
 from ..errors import ConfigError
 from ..planner import GIB, ModelShape
 from .model import build_config, resolve_model
 from .peak_memory import BEFORE
-from .run import (Options, _gpu_count, child_env, command_line, failure, planner_row, replan_rows, resolve_defaults,
+from .run import (Options, child_env, command_line, failure, planner_row, replan_rows, resolve_defaults,
                   versions, write_results)
 from .setups import default_names, named_setups, select
 
@@ -142,7 +141,7 @@ def planned_runs(opts: Options, ranks: list) -> list:
 
 def simulate(opts: Options, ranks: list, progress=print) -> int:
     """Every setup at every rank count; OUT/simulated.json, .md and .png. 0 when all measured, else 1."""
-    gpus = _gpu_count()
+    gpus = gpu_count()
     opts.nproc, opts.steps, opts.warmup = 1, opts.steps or STEPS, 0
     opts = resolve_defaults(opts, gpus)
     model = resolve_model(opts.model)

@@ -3,10 +3,13 @@
 import argparse
 import sys
 
-from ..errors import ConfigError
-from . import bench, check, export, finetune, plan, recipes, verify
+from ..distributed import name_cpu_accelerator
+from ..errors import HfZeroError
+from . import bench, check, export, finetune, plan, presets, verify
 
-_SUBCOMMANDS = (recipes, check, plan, finetune, export, verify, bench)
+_SUBCOMMANDS = (presets, check, plan, finetune, export, verify, bench)
+
+__all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +28,11 @@ def main(argv=None) -> int:
         args.rest = unknown + args.rest
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "loads_deepspeed", False):
+        name_cpu_accelerator()
     try:
         return args.run(args)
-    except (ConfigError, ValueError, OSError) as e:
+    except (HfZeroError, ValueError, OSError) as e:
         # Bad input: one message saying what and how to fix, never a traceback.
         print(f"hf-zero {args.command}: error: {e}", file=sys.stderr)
         return 2

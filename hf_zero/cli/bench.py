@@ -55,7 +55,7 @@ def add_parser(subparsers):
     p.add_argument("--replan", action="store_true",
                    help="with --report: first recompute the planner's predictions with this hf_zero's planner and "
                         "write them into the JSON (after the planner was recalibrated)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 
@@ -67,14 +67,15 @@ def _rank_counts(text: str) -> list:
 
 
 def _list(opts, simulated_ranks=None) -> int:
-    from ..bench.run import _gpu_count, resolve_defaults
+    from ..bench.run import resolve_defaults
+    from ..distributed import gpu_count
     from ..bench.setups import select
     from ..bench.simulate import planned_runs
 
     if simulated_ranks:  # each runs as one process: what --simulate-ranks would run, once per setup
         setups = list({s.name: s for _, s in planned_runs(opts, simulated_ranks)}.values())
     else:
-        setups = select(opts.setups, opts.variants, resolve_defaults(opts, _gpu_count()).nproc)
+        setups = select(opts.setups, opts.variants, resolve_defaults(opts, gpu_count()).nproc)
     for setup in setups:
         extra = {k: v for k, v in (("args", setup.args), ("env", setup.env)) if v}
         print(f"{setup.name}: {setup.kind}, micro batch {setup.micro_batch}"

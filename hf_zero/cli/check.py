@@ -5,10 +5,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import validate_config
+from ..config.json_file import read_json_object
+from ..config.presets import load_config
+from ..config.validate import validate_config
 from ..distributed import has_gpu
 from ..errors import ConfigError
-from ..presets import load_config, parse_json
 
 
 def add_parser(subparsers):
@@ -24,23 +25,8 @@ def add_parser(subparsers):
     p.add_argument("--nvme-path", help="NVMe folder for offload to nvme")
     p.add_argument("--fix", metavar="OUT", help="write a corrected copy of the config to OUT")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
-
-
-def _read_json_object(path, what) -> dict:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path!r} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path!r} is a directory, not a JSON file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{what} {path!r} is not valid JSON: {e}") from None
-    value = parse_json(text, f"{what} {path!r}")
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} {path!r} must hold a JSON object")
-    return value
 
 
 def _model_config(model) -> dict:
@@ -48,7 +34,7 @@ def _model_config(model) -> dict:
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return _read_json_object(str(path), "model config")
+        return read_json_object(path, "model config")
     try:
         from transformers import AutoConfig
 
@@ -59,7 +45,7 @@ def _model_config(model) -> dict:
 
 def run(args) -> int:
     config = load_config(args.config, nvme_path=args.nvme_path)
-    trainer_args = _read_json_object(args.args, "--args") if args.args else None
+    trainer_args = read_json_object(args.args, "--args") if args.args else None
     model_config = _model_config(args.model) if args.model else None
     on_cpu = args.cpu if args.cpu is not None else not has_gpu()
     # DeepSpeed logs to stdout; keep stdout for the report (and --json) alone.
@@ -74,7 +60,7 @@ def run(args) -> int:
         for f in findings:
             print(f"{args.config}: {f.severity} [{f.code}] {f.message}\n    fix: {f.fix}")
     if args.fix:
-        from ..rules import fix_config
+        from ..config.rules import fix_config
 
         Path(args.fix).write_text(json.dumps(fix_config(config, findings), indent=2) + "\n")
         print(f"corrected copy written to {args.fix}", file=sys.stderr)

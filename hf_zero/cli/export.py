@@ -4,7 +4,7 @@ import contextlib
 import json
 import sys
 
-from ..export import DTYPES, export
+from ..checkpoints.export import DTYPES, export
 from .checkpoint_flags import add_checkpoint_flags
 
 
@@ -20,7 +20,7 @@ def add_parser(subparsers):
     p.add_argument("--config", metavar="DIR", help="folder with config.json/tokenizer when the checkpoint has none")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (only once the export succeeded)")
     add_checkpoint_flags(p, json_help="print the summary as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 

@@ -1,4 +1,4 @@
-"""``hf-zero finetune ...``: the fine-tuning recipe (same as ``python -m hf_zero.finetune``)."""
+"""``hf-zero finetune ...``: fine-tune a model under ZeRO (same as ``python -m hf_zero.finetune``)."""
 
 import argparse
 
@@ -12,6 +12,14 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    if args.rest[:1] in (["-h"], ["--help"]):
+        from ..finetune.args import finetune_parser
+
+        finetune_parser().print_help()
+        return 0
+    from ..distributed import name_cpu_accelerator
     from ..finetune.train import main
+
+    name_cpu_accelerator()
 
     return main(args.rest)

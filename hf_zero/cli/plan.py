@@ -34,7 +34,7 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 
@@ -131,12 +131,13 @@ def leaf_threshold(model) -> int:
     all-gather instead of one per Linear. DeepSpeed's granularity of a module is its parameters over the
     modules with parameters inside it, counting itself (12 for a Llama layer); 20% above that of the
     largest layer. On the 1.35B benchmark model this is 5e6, which took ZeRO-3 from 16.6k to 30-34k
-    tokens/s on 2x H200 (hf_zero/bench/results/2xH200)."""
+    tokens/s on 2x H200 (benchmarks/2xH200)."""
     return int(1.2 * model.largest_layer / 12)
 
 
 def write_config(plan, path) -> None:
-    from ..presets import load_config, set_dotted
+    from ..config.dotted import set_dotted
+    from ..config.presets import load_config
 
     if plan.choice in (None, "ddp"):
         raise ConfigError(f"the plan recommends {plan.choice or 'nothing'}: there is no DeepSpeed config to write")

@@ -4,7 +4,7 @@ import contextlib
 import json
 import sys
 
-from ..checkpoint import checkpoint_problems
+from ..checkpoints.folders import checkpoint_problems
 from .checkpoint_flags import add_checkpoint_flags
 
 
@@ -16,7 +16,7 @@ def add_parser(subparsers):
                                           "1 when not.")
     p.add_argument("folders", nargs="+", metavar="DIR", help="checkpoint-N/, global_stepN/ or model folder(s)")
     add_checkpoint_flags(p, json_help="print the result as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 

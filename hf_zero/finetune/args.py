@@ -2,14 +2,20 @@
 
 from dataclasses import dataclass, field
 
+# the argument parser alone: --help is answered without loading torch
+from transformers.hf_argparser import HfArgumentParser
+
+DESCRIPTION = "Fine-tune a pretrained model under DeepSpeed ZeRO with the HF Trainer."
+
 
 @dataclass
 class FinetuneArguments:
     model: str = field(metadata={"help": "Hub id or local folder of the pretrained model"})
     data: str = field(metadata={"help": "local csv/json/jsonl/txt file(s) (globs allowed) or a `datasets` name"})
     task: str = field(default="classification", metadata={"help": "classification, causal_lm or chat"})
-    recipe: str | None = field(default=None, metadata={"help": "hf_zero preset or DeepSpeed JSON (default: zero3 "
-                                                                "on CPU and for models too big for one GPU, else zero2)"})
+    preset: str | None = field(default=None, metadata={"aliases": ["--recipe"],
+                                                       "help": "hf_zero preset or DeepSpeed JSON (default: zero3 on CPU "
+                                                               "and for models too big for one GPU, else zero2)"})
     text_column: str = field(default="text", metadata={"help": "column with the text"})
     label_column: str = field(default="label", metadata={"help": "column with the class label (classification)"})
     labels: str | None = field(default=None, metadata={"help": "comma-separated labels to keep, in id order"})
@@ -48,3 +54,10 @@ class FinetuneArguments:
             if find_spec("peft") is None:
                 raise ValueError("--lora_r needs peft, which is not installed: pip install 'hf_zero[peft]' "
                                  "(or pip install peft)")
+
+
+def finetune_parser() -> HfArgumentParser:
+    """The parser of hf-zero finetune's own flags; the rest go to TrainingArguments."""
+    return HfArgumentParser(FinetuneArguments, prog="hf-zero finetune", description=DESCRIPTION,
+                            epilog="Every transformers TrainingArguments flag (--learning_rate, --num_train_epochs, "
+                                   "--bf16, --gradient_checkpointing, --output_dir, ...) is accepted too.")

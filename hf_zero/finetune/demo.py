@@ -21,7 +21,7 @@ def demo_command(nproc: int, output_dir: str) -> list:
         "-m", "hf_zero.finetune",
         "--model", str(minilm_dir()), "--data", table.data, "--text_column", table.text_column,
         "--label_column", table.label_column, "--labels", ",".join(table.labels),
-        "--recipe", "zero3", "--max_length", "64", "--num_train_epochs", "1",
+        "--preset", "zero3", "--max_length", "64", "--num_train_epochs", "1",
         "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64",
         "--learning_rate", "1e-4", "--warmup_steps", "0.1", "--weight_decay", "0.01",
         "--logging_steps", "5", "--output_dir", output_dir,

@@ -48,7 +48,7 @@ def render(summary: dict, output_dir: Path) -> str:
         "",
         "=" * 64,
         f"hf-zero finetune: {name} ({summary['task']}) on {Path(summary['data']).name}",
-        f"  ZeRO-{summary['zero_stage']} ({summary['recipe'] or 'custom config'}), {summary['world_size']} "
+        f"  ZeRO-{summary['zero_stage']} ({summary['preset'] or 'custom config'}), {summary['world_size']} "
         f"{summary['device'].upper()} process(es); {summary['train_rows']} train / {summary['eval_rows']} eval rows; "
         f"{summary['steps']} steps in {summary['train_seconds']:.0f} s",
         "",

@@ -1,7 +1,7 @@
 """`hf-zero finetune`: fine-tune a pretrained model under DeepSpeed ZeRO with the HF Trainer.
 
     torchrun --nproc_per_node 2 -m hf_zero.finetune --model PATH --data reviews.csv \\
-        --label_column category --recipe zero3 --num_train_epochs 1 --output_dir out
+        --label_column category --preset zero3 --num_train_epochs 1 --output_dir out
 Runs the same as plain `python -m hf_zero.finetune`, under `accelerate launch` and `deepspeed`.
 Every TrainingArguments flag passes through.
 """
@@ -16,10 +16,11 @@ from pathlib import Path
 
 from transformers import HfArgumentParser, Trainer
 
-from .. import ConfigError, TrainingArguments, attach, shutdown
-from ..distributed import gpu_memory_bytes, has_gpu, is_main_process
-from ..training_args import accelerate_deepspeed_file
-from .args import FinetuneArguments
+from ..distributed import gpu_memory_bytes, has_gpu, is_main_process, shutdown
+from ..errors import HfZeroError
+from ..trainer.callback import attach
+from ..trainer.training_args import TrainingArguments, accelerate_deepspeed_file
+from .args import finetune_parser
 from .task import build_task, check_model_source, load_model, load_tokenizer, summarise_metrics
 
 # Defaults that make a fine-tune sensible out of the box; any flag given on the command line wins.
@@ -27,7 +28,7 @@ _TRAINER_DEFAULTS = {"output_dir": "finetune_out", "eval_strategy": "epoch", "ev
                      "logging_steps": "10", "save_strategy": "no", "report_to": "none", "seed": "0"}
 
 
-def _default_recipe(model: str, trust_remote_code: bool = False) -> str:
+def _default_preset(model: str, trust_remote_code: bool = False) -> str:
     """zero3 on CPU (memory is the limit there) and for models whose Adam states would crowd one GPU; else zero2."""
     if not has_gpu():
         return "zero3"
@@ -41,10 +42,7 @@ def _default_recipe(model: str, trust_remote_code: bool = False) -> str:
 
 
 def parse(argv):
-    parser = HfArgumentParser(FinetuneArguments, prog="hf-zero finetune", description=__doc__.splitlines()[0],
-                              epilog="Every transformers TrainingArguments flag (--learning_rate, --num_train_epochs, "
-                                     "--bf16, --gradient_checkpointing, --output_dir, ...) is accepted too.")
-    ft, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    ft, rest = finetune_parser().parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     given = {a.split("=")[0].lstrip("-") for a in rest if a.startswith("--")}
     defaults = [item for key, value in _TRAINER_DEFAULTS.items() if key not in given for item in (f"--{key}", value)]
     if ft.task == "classification" and "average_tokens_across_devices" not in given:
@@ -52,11 +50,11 @@ def parse(argv):
         # which is right for token-averaged LM losses and doubles a classifier's loss on 2 ranks.
         defaults += ["--average_tokens_across_devices", "false"]
     launched_with_config = accelerate_deepspeed_file()
-    if launched_with_config and not ft.recipe and "deepspeed" not in given:
-        ft.recipe = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
+    if launched_with_config and not ft.preset and "deepspeed" not in given:
+        ft.preset = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
     elif "deepspeed" not in given:
-        ft.recipe = ft.recipe or _default_recipe(ft.model, ft.trust_remote_code)
-        defaults += ["--deepspeed", ft.recipe]
+        ft.preset = ft.preset or _default_preset(ft.model, ft.trust_remote_code)
+        defaults += ["--deepspeed", ft.preset]
     check_model_source(ft)
     [args] = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=rest + defaults)
     return ft, args
@@ -105,7 +103,8 @@ def save_final(trainer, ft, final: Path) -> None:
         trainer.save_model(str(final))
         return
     from ..distributed import barrier
-    from ..lora import merge_and_save, save_adapter, unwrap_model
+    from ..checkpoints.adapters import merge_and_save, save_adapter
+    from ..modeling import unwrap_model
 
     adapter = save_adapter(trainer, final.parent / "adapter")  # every rank: gathers only the adapter
     if trainer.is_world_process_zero():
@@ -134,7 +133,7 @@ def run(ft, args) -> dict:
     evals = [e for e in history if "eval_loss" in e]
     summary = {
         "model": ft.model, "data": ft.data, "task": ft.task, "finetune_args": ft.__dict__,
-        "recipe": ft.recipe,
+        "preset": ft.preset,
         "zero_stage": zero.stage, "world_size": args.world_size, "device": "cuda" if has_gpu() else "cpu",
         "train_rows": len(task.train), "eval_rows": len(task.eval), "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1), "before": summarise_metrics(evals[0]) if evals else {},
@@ -163,7 +162,7 @@ def main(argv=None) -> int:
     try:
         ft, args = parse(argv)
         run(ft, args)
-    except (ConfigError, ValueError, OSError) as e:
+    except (HfZeroError, ValueError, OSError) as e:
         if is_main_process():
             print(f"hf-zero finetune: error: {e}", file=sys.stderr)
         return 2

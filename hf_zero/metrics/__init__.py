@@ -9,6 +9,8 @@ from pathlib import Path
 
 BUNDLED = Path(__file__).resolve().parent
 
+__all__ = ["BUNDLED", "classification_metrics", "load_metric", "perplexity"]
+
 
 def load_metric(name, **kwargs):
     """evaluate.load() the bundled module `name` if there is one, else whatever evaluate finds (Hub, cache)."""

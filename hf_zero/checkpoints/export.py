@@ -1,0 +1,178 @@
+"""ZeRO checkpoint -> Hugging Face model folder (sharded safetensors + index, config, tokenizer).
+
+The weights are DeepSpeed's own consolidation (``get_fp32_state_dict_from_zero_checkpoint``)
+in lazy mode: each tensor is assembled from the rank partitions only when its shard is
+written, so host memory holds the memory-mapped fp32 partitions plus one output shard,
+not a second full copy of the model.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..errors import CheckpointError, ConfigError
+from .folders import ensure_complete, find_zero_checkpoint, shape_mismatches
+from .safe_load import guard_deepspeed_loads
+
+DTYPES = ("bf16", "fp16", "fp32")
+# Files a Trainer checkpoint carries besides the weights that belong in a model folder.
+_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
+                "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json")
+
+
+def _progress(message: str) -> None:
+    print(f"hf-zero export: {message}", file=sys.stderr, flush=True)
+
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a folder; pick another output folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"{out} exists and is not empty; nothing was written. Pick an empty folder or pass "
+                          "--overwrite to replace it (it is replaced only after the export succeeds).")
+
+
+def _lazy_state_dict(root: Path, tag: str, trust: bool):
+    """DeepSpeed's consolidation, lazily, with its chatter kept off stdout."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with guard_deepspeed_loads(trust=trust), contextlib.redirect_stdout(io.StringIO()):
+        return get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag, lazy_mode=True)
+
+
+def _drop_aliases(state_dict: dict) -> list:
+    """Tied weights come back as one tensor under two names; keep the first, as save_pretrained does.
+
+    from_pretrained re-ties the dropped name (e.g. lm_head.weight) from the model's config.
+    """
+    seen, dropped = set(), []
+    for name in list(state_dict):
+        key = id(state_dict[name])
+        if key in seen:
+            dropped.append(name)
+            del state_dict[name]
+        seen.add(key)
+    return dropped
+
+
+def _write_shards(state_dict: dict, out: Path, dtype: str, max_shard_size) -> int:
+    """Write sharded safetensors (and an index when there is more than one); returns the shard count."""
+    import gc
+
+    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    # DeepSpeed's own converter takes the names (bf16 / fp16 / fp32) and leaves integer buffers as they are
+    sizes_only = to_torch_tensor(state_dict, return_empty_tensor=True, dtype=dtype)
+    split = split_torch_state_dict_into_shards(sizes_only, filename_pattern="model{suffix}.safetensors",
+                                               max_shard_size=max_shard_size)
+    del sizes_only
+    shards = list(split.filename_to_tensors.items())
+    for i, (filename, names) in enumerate(shards, 1):
+        shard = to_torch_tensor({n: state_dict[n] for n in names}, dtype=dtype)
+        save_file(shard, str(out / filename), metadata={"format": "pt"})
+        for n in names:
+            del state_dict[n]  # the lazy tensor and its materialized copy go before the next shard
+        del shard
+        gc.collect()
+        _progress(f"wrote {filename} ({i}/{len(shards)})")
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return len(shards)
+
+
+def _copy_model_files(sources: list, out: Path) -> list:
+    copied = []
+    for name in _MODEL_FILES:
+        src = next((s / name for s in sources if (s / name).is_file()), None)
+        if src is not None:
+            shutil.copy2(src, out / name)
+            copied.append(name)
+    return copied
+
+
+def _set_config_dtype(out: Path, dtype: str) -> None:
+    """config.json says the dtype the weights are in, so dtype="auto" loads them as written."""
+    config_file = out / "config.json"
+    if not config_file.exists():
+        return
+    config = json.loads(config_file.read_text())
+    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+    for key in ("dtype", "torch_dtype"):
+        if key in config or key == "dtype":
+            config[key] = name
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def export(checkpoint, out, *, dtype: str = "bf16", max_shard_size="5GB", overwrite: bool = False,
+           trust_checkpoint: bool = False, config_dir=None) -> dict:
+    """Export a ZeRO checkpoint (any stage, any world size) to a from_pretrained model folder.
+
+    Refuses, before writing anything, a folder that is not a checkpoint, one with missing or
+    truncated rank files, a pickle that would run code (unless ``trust_checkpoint``) and a
+    non-empty ``out`` (unless ``overwrite``). The export is built in a temporary folder beside
+    ``out`` and moved into place only when complete, so a failure never leaves a half-written
+    model where a good one was.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}.")
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint} is not a folder. Pass a Trainer checkpoint-N/ folder or a DeepSpeed save folder.")
+    _check_output(out, overwrite)
+    zero = find_zero_checkpoint(checkpoint)
+    if zero is None:
+        raise CheckpointError(f"{checkpoint} holds no DeepSpeed ZeRO checkpoint (no global_step*/ folder and no 'latest' "
+                          "file). Pass the checkpoint-N/ folder the Trainer wrote, or the global_stepN/ folder in it.")
+    ensure_complete(zero, checkpoint, trust=trust_checkpoint, refused="cannot be exported",
+                    remedy="Export an earlier complete checkpoint (hf-zero verify tells which are).")
+    if zero.universal:
+        raise CheckpointError(f"{zero.tag_dir} is a universal checkpoint (for resuming on another world size); export the "
+                          "original global_stepN/ folder it was converted from.")
+    sources = [Path(config_dir)] if config_dir else []
+    sources += [zero.root, zero.root.parent] if zero.root != checkpoint else [checkpoint]
+    if not any((s / "config.json").is_file() for s in sources):
+        raise CheckpointError(f"no config.json next to {checkpoint}: pass --config DIR (the model folder the run started "
+                          "from) so the export is a loadable model folder.")
+
+    _progress(f"consolidating {zero.tag} (ZeRO-{zero.stage}, {zero.dp_world_size} rank(s))")
+    state_dict = _lazy_state_dict(zero.root, zero.tag, trust_checkpoint)
+    dropped = _drop_aliases(state_dict)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.exporting-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        copied = _copy_model_files(sources, staging)
+        _set_config_dtype(staging, dtype)
+        wrong = shape_mismatches(staging, {n: t.shape for n, t in state_dict.items()})
+        if wrong:
+            raise CheckpointError(f"the checkpoint does not match config.json: {'; '.join(wrong[:3])}. Pass --config with "
+                              "the model folder this run trained.")
+        n_tensors = len(state_dict)
+        shards = _write_shards(state_dict, staging, dtype, max_shard_size)
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"checkpoint": str(zero.tag_dir), "out": str(out), "stage": zero.stage, "world_size": zero.dp_world_size,
+            "dtype": dtype, "tensors": n_tensors, "shards": shards, "tied_dropped": dropped, "copied": copied}
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Move the finished export into place; an old ``out`` is removed only after the new one is there."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old)
+    else:
+        staging.rename(out)

@@ -1,0 +1,35 @@
+"""A DeepSpeed config is a plain dict: read and write it by dotted key ("zero_optimization.stage")."""
+
+from ..errors import ConfigError
+
+
+def get_dotted(config: dict, dotted_key: str, default=None):
+    """config["a"]["b"] for "a.b", or ``default`` where a level is missing or not a dict."""
+    node = config
+    for key in dotted_key.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def set_dotted(config: dict, dotted_key: str, value) -> None:
+    """config["a"]["b"] = value for "a.b", creating the inner dicts."""
+    *parents, leaf = dotted_key.split(".")
+    node = config
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {dotted_key!r}: {key!r} is not a JSON object in this config")
+    node[leaf] = value
+
+
+def zero_stage(config: dict) -> int:
+    """The ZeRO stage a config asks for (0 when it has no zero_optimization block)."""
+    return get_dotted(config, "zero_optimization.stage", 0)
+
+
+def offload_devices(config: dict) -> set:
+    """Where zero_optimization's offload_optimizer / offload_param blocks put states ("cpu", "nvme")."""
+    blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_optimizer", "offload_param"))
+    return {block.get("device") for block in blocks if isinstance(block, dict)} & {"cpu", "nvme"}

@@ -1,0 +1,193 @@
+"""hf_zero's own rules for a DeepSpeed config: what DeepSpeed's parser accepts but a run gets wrong.
+
+Each rule takes a CheckContext and returns Findings; ``fix_config`` applies the fixes that are
+safe to make without asking (``hf-zero check --fix``).
+"""
+
+import copy
+import os
+from dataclasses import dataclass, field
+
+from .dotted import get_dotted
+from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
+from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
+
+# zero_optimization keys that only one side of the stage-3 divide reads
+_STAGE3_ONLY = ("offload_param", "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights",
+                "zero_quantized_nontrainable_weights", "mics_shard_size")
+# (not reduce_scatter: stage 3 reads it too; false all-reduces each contiguous bucket in place, DeepSpeed 0.19.8
+# stage3.py __reduce_and_partition_ipg_grads)
+_STAGE12_ONLY = ("allgather_partitions", "allgather_bucket_size", "round_robin_gradients")
+
+
+@dataclass
+class CheckContext:
+    config: dict
+    on_cpu: bool = False
+    world_size: int = 1
+    trainer_fills_auto: bool = True
+    model_config: dict = field(default_factory=dict)
+    trainer_args: dict = field(default_factory=dict)
+
+    @property
+    def zero(self) -> dict:
+        zero = self.config.get("zero_optimization")
+        return zero if isinstance(zero, dict) else {}
+
+
+def _auto(context):
+    autos = list(auto_paths(context.config))
+    found = [Finding("auto-unfilled", "error", f'"{p}": "auto" is not a key the Trainer fills.', "give it a value.")
+             for p in autos if p not in TRAINER_AUTO_KEYS]
+    if autos and not context.trainer_fills_auto:
+        shown = ", ".join(autos[:4]) + ("..." if len(autos) > 4 else "")
+        found.append(Finding("auto-outside-trainer", "error",
+                             f'"auto" values ({shown}) only work under the HF Trainer/Accelerate; raw DeepSpeed drops them.',
+                             'use the config through TrainingArguments(deepspeed=...), or replace "auto" with values.'))
+    return found
+
+
+def _batch(context):
+    config = context.config
+    if not any(k in config for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
+        return [Finding("batch-size-missing", "error", "the config sets no batch size; DeepSpeed refuses to start.",
+                        'add "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto" '
+                        'and "train_batch_size": "auto" so the Trainer\'s batch size is used.')]
+    found = []
+    train, micro, accumulation = (config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                            "gradient_accumulation_steps"))
+    if all(isinstance(v, int) for v in (train, micro, accumulation)) and train != micro * accumulation * context.world_size:
+        found.append(Finding("batch-arithmetic", "error",
+                             f"train_batch_size {train} != micro batch {micro} x gradient accumulation {accumulation} "
+                             f"x world size {context.world_size}.",
+                             'set the three batch keys to "auto" under the Trainer, or make them multiply out.'))
+    args = context.trainer_args
+    for key, arg in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
+                     ("gradient_accumulation_steps", "gradient_accumulation_steps")):
+        if isinstance(config.get(key), int) and arg in args and args[arg] != config[key]:
+            found.append(Finding("trainer-mismatch", "error", f"{key} is {config[key]} but the Trainer's {arg} is {args[arg]}; "
+                                 "the Trainer refuses to start.", f'set {key} to "auto".'))
+    return found
+
+
+def _precision(context):
+    found = []
+    fp16, bf16 = get_dotted(context.config, "fp16.enabled"), get_dotted(context.config, "bf16.enabled")
+    fp16_on = fp16 is True or (fp16 == "auto" and context.trainer_args.get("fp16"))
+    if context.on_cpu and fp16_on:
+        found.append(Finding("fp16-on-cpu", "error", "fp16 is enabled, but DeepSpeed's CPU accelerator does not support fp16.",
+                             'set "fp16": {"enabled": "auto"} (or false) and train in bf16 (--bf16) or fp32.'))
+    if fp16 is True and bf16 is True:
+        found.append(Finding("fp16-and-bf16", "error", "fp16 and bf16 are both enabled.", "enable one of them."))
+    model_dtype = context.model_config.get("dtype") or context.model_config.get("torch_dtype")
+    if fp16_on and model_dtype == "bfloat16":
+        found.append(Finding("fp16-for-bf16-model", "warning",
+                             "fp16 training of a model saved in bfloat16: its weights and activations can overflow fp16's range.",
+                             "train in bf16 (--bf16) on hardware that has it."))
+    return found
+
+
+def _stage_keys(context):
+    zero, stage = context.zero, context.zero.get("stage", 0)
+    found = []
+    if stage in (0, 1, 2):
+        misplaced = [k for k in zero if k.startswith("stage3_") or k in _STAGE3_ONLY]
+        if misplaced:
+            found.append(Finding("stage3-key-in-stage12", "warning",
+                                 f"stage {stage} ignores the stage-3 keys {', '.join(misplaced)}.",
+                                 "remove them, or set stage 3 if that was meant."))
+    elif stage == 3:
+        misplaced = [k for k in zero if k in _STAGE12_ONLY]
+        if misplaced:
+            found.append(Finding("stage12-key-in-stage3", "warning",
+                                 f"stage 3 ignores {', '.join(misplaced)} (stage 1/2 settings).",
+                                 "remove them; stage 3 uses reduce_bucket_size and stage3_prefetch_bucket_size."))
+    return found
+
+
+def _offload(context):
+    found = []
+    for block in ("offload_param", "offload_optimizer"):
+        offload = context.zero.get(block)
+        if not isinstance(offload, dict) or offload.get("device") != "nvme":
+            continue
+        path = offload.get("nvme_path")
+        if not path:
+            found.append(Finding("nvme-path-missing", "error", f"zero_optimization.{block} offloads to NVMe but has no nvme_path.",
+                                 "pass nvme_path=... (hf_zero.TrainingArguments / load_config) or "
+                                 "`hf-zero presets zero3_nvme --nvme-path DIR --out ds.json`."))
+        elif not isinstance(path, str) or not (os.path.isdir(path) and os.access(path, os.W_OK)):  # an int would be a file descriptor
+            found.append(Finding("nvme-path-unusable", "error",
+                                 f"zero_optimization.{block}.nvme_path {path!r} is not a writable folder.",
+                                 "create it on a fast local disk, or point nvme_path at one."))
+    return found
+
+
+def _saves(context):
+    if context.zero.get("stage") == 3 and not context.zero.get("stage3_gather_16bit_weights_on_model_save", False):
+        return [Finding("zero3-no-gather", "warning",
+                        "stage 3 with stage3_gather_16bit_weights_on_model_save off: save_model writes only ZeRO shards, "
+                        "which from_pretrained cannot load.",
+                        'set "stage3_gather_16bit_weights_on_model_save": true (ZeroCallback turns it on for you).')]
+    return []
+
+
+def _leaf_modules(context):
+    if context.on_cpu and context.zero.get("stage") == 3 and leaf_threshold(context.config) is not None:
+        return [Finding("leaf-modules-on-cpu", "warning",
+                        f"zero_optimization.{LEAF_THRESHOLD} > 0 on CPU: DeepSpeed's leaf-module path calls "
+                        "record_stream, which CPU tensors lack (RuntimeError: unknown parameter type at the first "
+                        "optimizer step).",
+                        f"nothing under hf_zero.TrainingArguments or ZeroCallback, which set it to 0 on CPU; a plain "
+                        f"Trainer run needs {LEAF_THRESHOLD} set to 0 (hf-zero check --fix does it).",
+                        key=f"zero_optimization.{LEAF_THRESHOLD}")]
+    return []
+
+
+def _deepcompile(context):
+    if context.zero.get("stage") == 3 and get_dotted(context.config, "compile.deepcompile") is True:
+        return [Finding("deepcompile-graph-breaks", "warning",
+                        "compile.deepcompile with ZeRO-3 turns ZeRO-3's gather hooks off and gathers parameters only "
+                        "inside compiled graphs: a layer that runs eagerly after a graph break sees its empty shard. "
+                        "On 2x H200 with transformers 5.17 and DeepSpeed 0.19.8, a Llama model failed at the first "
+                        "forward with RuntimeError: 'weight' must be 2-D (its embedding ran after a graph break; "
+                        "DeepSpeed issue #7942).",
+                        "remove compile.deepcompile (the zero3 preset is tuned without it), or first run one step "
+                        "with TORCH_LOGS=graph_breaks and make sure the model's forward has no graph break.",
+                        key="compile.deepcompile")]
+    return []
+
+
+RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile)
+
+
+def config_findings(context: CheckContext) -> list:
+    return [finding for rule in RULES for finding in rule(context)]
+
+
+def fix_config(config: dict, findings) -> dict:
+    """A corrected copy: ignored/unknown keys dropped, misplaced stage keys dropped, batch and fp16
+    keys handed to the Trainer ("auto"), 16-bit gathering on for stage 3. Other findings stay."""
+    fixed = copy.deepcopy(config)
+    zero = fixed.get("zero_optimization") if isinstance(fixed.get("zero_optimization"), dict) else {}
+    codes = {f.code for f in findings}
+    for finding in findings:
+        if finding.code == "unknown-key" and finding.key:
+            parent, _, leaf = finding.key.rpartition(".")
+            node = get_dotted(fixed, parent) if parent else fixed
+            if isinstance(node, dict):
+                node.pop(leaf, None)
+    if codes & {"stage3-key-in-stage12", "stage12-key-in-stage3"}:
+        doomed = _STAGE12_ONLY if zero.get("stage") == 3 else tuple(k for k in zero if k.startswith("stage3_") or k in _STAGE3_ONLY)
+        for key in doomed:
+            zero.pop(key, None)
+    if codes & {"batch-arithmetic", "batch-size-missing", "trainer-mismatch"}:
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            fixed[key] = "auto"
+    if codes & {"fp16-on-cpu", "fp16-and-bf16"} and isinstance(fixed.get("fp16"), dict):
+        fixed["fp16"]["enabled"] = "auto"
+    if "leaf-modules-on-cpu" in codes:
+        drop_gpu_only_settings(fixed)
+    if "zero3-no-gather" in codes:
+        gather_weights_on_save(fixed)
+    return fixed

@@ -1,0 +1,294 @@
+"""ZeroCallback: makes a Trainer + DeepSpeed ZeRO run fail loudly instead of silently wrong."""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
+
+from ..checkpoints.folders import set_aside_partial, training_state_problems
+from ..checkpoints.saved_models import saved_model_problems
+from ..config.dotted import get_dotted, offload_devices
+from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
+from ..config.validate import check_config
+from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
+from ..errors import CheckpointError, ConfigError
+from ..zero3.partitions import full_numel, is_partitioned, is_zero3_param
+from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
+                                     set_gradient_checkpointing_kwargs)
+from .memory import all_ranks_memory
+from .padding import padding_advice
+from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+
+logger = logging.getLogger("hf_zero")
+
+
+def _loaded_use_cache(model):
+    """use_cache as the model came: the Trainer (5.24) overwrites it with args.use_cache (False) at init,
+    so every model it saves would otherwise generate without a KV cache."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "use_cache"):
+        return None
+    config_file = Path(getattr(config, "_name_or_path", "") or "/nonexistent") / "config.json"
+    try:
+        if config_file.is_file():
+            return json.loads(config_file.read_text()).get("use_cache", config.use_cache)
+        return getattr(type(config)(), "use_cache", None)
+    except Exception:  # a config class that cannot be built bare: keep what the model says
+        return config.use_cache
+
+
+def _half_dtype(config: dict, args):
+    """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
+    import torch
+
+    for key, flag, dtype in (("bf16", "bf16", torch.bfloat16), ("fp16", "fp16", torch.float16)):
+        enabled = get_dotted(config, f"{key}.enabled", False)
+        if enabled is True or (enabled == "auto" and getattr(args, flag, False)):
+            return dtype
+    return None
+
+
+def _training_alone(seen: int, launched: int, who: str) -> str:
+    return (f"{who} trains on a data-parallel world size of {seen}, but {launched} processes were launched: "
+            "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments "
+            "(hf_zero.TrainingArguments does it) and start the process group before them (hf_zero.init_distributed()).")
+
+
+def single_process_note(config: dict, stage, ranks: int) -> str | None:
+    """ZeRO shards across data-parallel ranks: one rank shards nothing, unless states go to CPU or NVMe."""
+    if ranks != 1 or not stage or offload_devices(config):
+        return None
+    return (f"ZeRO-{stage} on a single process shards nothing: the whole model, its gradients and Adam states stay "
+            "on this device, and DeepSpeed's bookkeeping only slows each step (1.35B model on one H200: zero2 ran at "
+            "58% and zero3 at 43% of the plain Trainer's tokens/s, with 93% and 105% of its memory; "
+            "hf_zero's docs, performance.md). Fix: train without a DeepSpeed config, launch more processes, or use "
+            "an offload preset (zero2_offload, zero3_offload) when the model does not fit.")
+
+
+class ZeroCallback(TrainerCallback):
+    """Checks and fixes a Trainer run under DeepSpeed ZeRO. Attach it with ``hf_zero.attach(trainer)``.
+
+    Before training: the config passes DeepSpeed's own parser; ZeRO without offload on a single
+    process (nothing to shard, only slower) is reported; stage 3 saves gathered 16-bit
+    weights; gradient checkpointing is non-reentrant with ``use_cache=False``; a stage-3 model
+    built whole (not by zero.Init) is reported with its host-memory cost; with ``torch_compile``,
+    stage 3 compiles each repeated block's forward and keeps DeepSpeed's hooks out of the graph
+    (hf_zero/trainer/compile.py).
+    Before the engine: under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
+    dtype, as ZeRO-1/2 train them (``cast_adapters=False`` keeps them fp32).
+    At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
+    parameters are partitioned; otherwise ConfigError before the first step.
+    While training: per-rank memory and the ZeRO stage join the Trainer's logs.
+    At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
+    present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
+    """
+
+    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True):
+        self.log_memory = log_memory
+        self.force_gather_on_save = force_gather_on_save
+        self.cast_adapters = cast_adapters
+        self.trainer = None
+        self.stage = None
+        self.warnings = []
+        self._saved_use_cache = None
+        self._save_total_limit = None
+
+    # ---- wiring -------------------------------------------------------------------------
+    def attach(self, trainer) -> "ZeroCallback":
+        """Hook into ``trainer``; call after building it and before ``trainer.train()``.
+
+        The callback goes first in the Trainer's list so the memory figures it adds to the logs
+        reach TensorBoard/W&B, which log from their own callbacks.
+        """
+        self.trainer = trainer
+        self._saved_use_cache = _loaded_use_cache(trainer.model)
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        self._before_engine(trainer.args, trainer.model)
+        if deepspeed_config_of(trainer.args) is not None:
+            self._take_over_rotation(trainer.args)
+            self._set_aside_partial_checkpoints(trainer.args)
+            advice = padding_advice(trainer.data_collator, has_gpu())
+            if advice:
+                self._warn(advice)
+        return self
+
+    def _take_over_rotation(self, args) -> None:
+        """The Trainer deletes old checkpoints right after writing a new one, before anything checked it;
+        hf_zero rotates in on_save instead, once the new checkpoint is verified complete."""
+        if args.save_total_limit:
+            self._save_total_limit, args.save_total_limit = args.save_total_limit, None
+
+    def _set_aside_partial_checkpoints(self, args) -> None:
+        """A save cut short (a rank killed mid-write) leaves checkpoint-N without trainer_state.json or with
+        truncated shards, and resume_from_checkpoint=True would pick it and fail. Rename such folders to
+        partial-checkpoint-N: nothing is deleted, and the Trainer resumes from the last complete one."""
+        moved = []
+        if args.should_save:
+            moved = set_aside_partial(args.output_dir)
+        barrier()
+        for path, problems in moved:
+            self._warn(f"set aside incomplete checkpoint as {path}: {'; '.join(problems)}")
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        logger.warning("hf_zero: %s", message)
+
+    # ---- before the engine exists ---------------------------------------------------------
+    def _before_engine(self, args, model) -> None:
+        config = deepspeed_config_of(args)
+        if config is None:
+            return
+        if args.world_size != world_size():
+            raise ConfigError(_training_alone(args.world_size, world_size(), "the Trainer"))
+        if not has_gpu():
+            for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
+                self._warn(note)
+        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True):
+            if finding.code != "zero3-no-gather":
+                self._warn(str(finding))
+        self.stage = get_dotted(config, "zero_optimization.stage", 0)
+        note = single_process_note(config, self.stage, world_size())
+        if note:
+            self._warn(note)
+        if self.stage == 3:
+            if not self.force_gather_on_save and not config["zero_optimization"].get(GATHER_ON_SAVE, False):
+                raise ConfigError(f"stage 3 with {GATHER_ON_SAVE} off: every saved model would be "
+                                  "ZeRO shards that from_pretrained cannot load. Fix: set it to true in the config.")
+            # The engine is built later from this same dict, so this reaches save_model.
+            note = gather_weights_on_save(config)
+            if note:
+                self._warn(note)
+            self._frozen_weights_under_zero3(model, config, args)
+            self._compile_blocks_not_hooks(model, config)
+            # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
+            # partitions them; only a base built whole costs host memory.
+            if not any(is_zero3_param(p) for p in model.parameters()):
+                n = sum(p.numel() for p in model.parameters())
+                size = sum(p.numel() * p.element_size() for p in model.parameters())
+                ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+                self._warn(f"the model ({n / 1e6:.1f}M parameters) was built whole on every rank before ZeRO-3 "
+                           f"partitioned it: {size * ranks / 1024**3:.2f} GiB of host memory on this node at load. "
+                           "Fix: create TrainingArguments(deepspeed=...) before from_pretrained, or load with "
+                           "hf_zero.from_pretrained(cls, path, config).")
+        if gradient_checkpointing_on(args):
+            kwargs = gradient_checkpointing_kwargs(args)
+            if kwargs is None:
+                # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
+                set_gradient_checkpointing_kwargs(args, {"use_reentrant": False})
+            elif kwargs.get("use_reentrant", False) and self.stage == 3:
+                self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
+                           "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
+        problems = peft_recompute_problems(model, args)
+        if problems:
+            raise ConfigError(problems)
+
+    def _frozen_weights_under_zero3(self, model, config, args) -> None:
+        """LoRA/adapters under ZeRO-3: no leaf modules (DeepSpeed breaks them), adapters in the base's 16-bit
+        dtype (as ZeRO-1/2 train them), and ZeRO-2 advice where it fits."""
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        if not frozen:
+            return
+        note = no_leaf_modules_with_frozen_weights(model, config)
+        if note:
+            self._warn(note)
+        dtype = _half_dtype(config, args)
+        note = adapters_to_training_dtype(model, dtype) if self.cast_adapters and dtype is not None else None
+        if note:
+            self._warn(note)
+        advice = zero2_advice(sum(full_numel(p) for p in frozen), gpu_memory_bytes())
+        if advice:
+            self._warn(advice)
+
+    def _compile_blocks_not_hooks(self, model, config) -> None:
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is None:
+            return
+        from .compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for compiled runs
+
+        note = take_over_zero3_compile(accelerator, model, config)
+        if note:  # it changes what the user asked Accelerate to do, so it is said, like the save-gather fix
+            self._warn(note)
+
+    # ---- train begin: what actually got built ----------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if deepspeed_config_of(args) is None and not args.deepspeed:
+            return
+        if self.trainer is None:
+            raise ConfigError("ZeroCallback cannot see the DeepSpeed engine when passed as callbacks=[...]. "
+                              "Fix: hf_zero.attach(trainer) after building the Trainer.")
+        problems = []
+        from deepspeed import DeepSpeedEngine
+
+        engine = self.trainer.model_wrapped
+        launched = world_size()
+        if not isinstance(engine, DeepSpeedEngine):
+            cpu_hint = (" ACCELERATE_USE_CPU is set, which swaps DeepSpeed for plain DDP on CPU: unset it and pass "
+                        "use_cpu=True (hf_zero.TrainingArguments does)." if os.environ.get("ACCELERATE_USE_CPU") else "")
+            problems.append(f"a DeepSpeed config is set, but the model is driven by {type(engine).__name__}, "
+                            f"not a DeepSpeedEngine.{cpu_hint}")
+        else:
+            if engine.dp_world_size != launched:
+                problems.append(_training_alone(engine.dp_world_size, launched, "the DeepSpeed engine"))
+            if self.stage == 3 and not is_partitioned(model):
+                problems.append("stage 3 is configured but the parameters are not partitioned (zero.Init did not run).")
+        if problems:
+            raise ConfigError(problems)
+        if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):
+            model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
+        if state.is_world_process_zero:
+            logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
+                        ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or self.stage is None:
+            return
+        logs["zero_stage"] = self.stage
+        if self.log_memory:
+            logs.update(all_ranks_memory())
+
+    # ---- saves --------------------------------------------------------------------------
+    def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        barrier()  # rank 0 may still be writing the gathered weights
+        problems = []
+        if args.should_save and folder.is_dir():
+            self._restore_use_cache_in(folder)
+            if processing_class is not None and not (folder / "tokenizer_config.json").exists() \
+                    and not (folder / "preprocessor_config.json").exists():
+                processing_class.save_pretrained(folder)
+            problems = training_state_problems(folder) + saved_model_problems(folder, model)
+            if not problems and self._save_total_limit:
+                # Only now may older checkpoints go: the newest is known to be complete. Newest by
+                # mtime, as the Trainer does, so stale higher-numbered folders of an earlier run don't win.
+                rotate_checkpoints(args.output_dir, save_total_limit=self._save_total_limit,
+                                   best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)
+        problems = from_rank0(problems)  # every rank raises together
+        if problems:
+            raise CheckpointError("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): "
+                               + " ".join(problems))
+
+    def _restore_use_cache_in(self, folder: Path) -> None:
+        config_file = folder / "config.json"
+        if self._saved_use_cache is None or not config_file.exists():
+            return
+        config = json.loads(config_file.read_text())
+        if config.get("use_cache") == self._saved_use_cache:
+            return
+        config["use_cache"] = self._saved_use_cache
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # So the final save_model() writes a model that generates with a cache.
+        if self._saved_use_cache is not None and model is not None:
+            model.config.use_cache = self._saved_use_cache
+
+
+def attach(trainer, **kwargs) -> ZeroCallback:
+    """Add a ZeroCallback to ``trainer`` (first in line) and run its pre-training checks."""
+    return ZeroCallback(**kwargs).attach(trainer)

@@ -1,0 +1,52 @@
+"""Gradient checkpointing under ZeRO: its settings on TrainingArguments, and the combinations that crash."""
+
+from packaging.version import Version
+
+from ..config.dotted import zero_stage
+from ..config.live import deepspeed_config_of
+from ..modeling import has_frozen_parameters, unwrap_model
+
+# DeepSpeed PR #8148 (in 0.19.3): before it, ZeRO-3 re-partitioned frozen parameters during a
+# non-reentrant checkpoint recompute and torch raised CheckpointError (seen here with 0.19.2).
+FROZEN_RECOMPUTE_FIX = "0.19.3"
+
+
+def gradient_checkpointing_on(args) -> bool:
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+
+
+def gradient_checkpointing_kwargs(args):
+    return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
+
+
+def set_gradient_checkpointing_kwargs(args, kwargs) -> None:
+    # transformers 5.24 reads activation_checkpointing_kwargs; older 5.x gradient_checkpointing_kwargs
+    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        if hasattr(args, name):
+            setattr(args, name, kwargs)
+
+
+def peft_recompute_problems(model, args, deepspeed_version: str | None = None) -> list:
+    """Why gradient checkpointing of this PEFT model would crash under ZeRO-3; [] if it will not.
+
+    DeepSpeed before 0.19.3 re-partitions frozen parameters inside a non-reentrant recompute and
+    torch raises ``CheckpointError: Recomputed values ... saved [64] vs recomputed [0]``.
+    """
+    config = deepspeed_config_of(args) or {}
+    if not gradient_checkpointing_on(args) or zero_stage(config) != 3:
+        return []
+    if (gradient_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
+        return []  # the reentrant path does not compare recomputed tensors
+    if not has_frozen_parameters(unwrap_model(model)):
+        return []  # full fine-tuning
+    if deepspeed_version is None:
+        import deepspeed
+
+        deepspeed_version = deepspeed.__version__
+    if Version(deepspeed_version) >= Version(FROZEN_RECOMPUTE_FIX):
+        return []
+    return [(f"DeepSpeed {deepspeed_version} re-partitions frozen parameters during a non-reentrant gradient-checkpointing "
+             "recompute under ZeRO-3, and backward fails with torch CheckpointError (saved vs recomputed shape [0]). "
+             f"Fix: pip install 'deepspeed>={FROZEN_RECOMPUTE_FIX}', or pass gradient_checkpointing_kwargs="
+             "{'use_reentrant': True} (transformers makes the embeddings' output require grad, so LoRA layers "
+             "inside reentrant checkpoints still get gradients; same losses with DeepSpeed 0.19.2 here).")]

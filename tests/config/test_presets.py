@@ -1,0 +1,77 @@
+"""The shipped presets: valid for DeepSpeed, "auto" wherever the Trainer has a value, shipped in the wheel."""
+
+import json
+
+import pytest
+import yaml
+
+import hf_zero
+from hf_zero.config import validate_config
+from hf_zero.config.dotted import get_dotted
+
+PRESETS = list(hf_zero.preset_descriptions())
+TRAINER_KEYS = ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
+                "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+                "bf16.enabled", "fp16.enabled"]
+
+
+def test_all_six_presets_ship():
+    assert PRESETS == ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_passes_deepspeeds_own_parser(name, tmp_path):
+    config = hf_zero.load_config(name, nvme_path=tmp_path)
+    assert validate_config(config, on_cpu=False, world_size=2) == []
+    # on CPU only the GPU-tuned leaf-module threshold is flagged (hf_zero drops it there by itself)
+    on_cpu = [f.code for f in validate_config(config, on_cpu=True, world_size=2)]
+    assert on_cpu == (["leaf-modules-on-cpu"] if name == "zero3" else [])
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_trainer_value_is_auto(name):
+    config = hf_zero.load_config(name)
+    for key in TRAINER_KEYS:
+        assert get_dotted(config, key) == "auto", f"{name}: {key}"
+    # the Trainer's own scheduler (--lr_scheduler_type) must stay in charge
+    assert "scheduler" not in config
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_buckets_are_not_hfs_tiny_auto_sizes(name):
+    config = hf_zero.load_config(name)
+    assert get_dotted(config, "zero_optimization.reduce_bucket_size") >= 500_000_000
+
+
+@pytest.mark.parametrize("name", [p for p in PRESETS if p.startswith("zero3")])
+def test_zero3_presets_gather_16bit_weights_on_save(name):
+    assert get_dotted(hf_zero.load_config(name), "zero_optimization.stage3_gather_16bit_weights_on_model_save") is True
+
+
+def test_nvme_path_comes_from_an_override_never_hard_coded(tmp_path):
+    raw = hf_zero.load_config("zero3_nvme")
+    assert get_dotted(raw, "zero_optimization.offload_param.nvme_path") is None
+    codes = [f.code for f in validate_config(raw, on_cpu=True)]
+    assert codes == ["nvme-path-missing", "nvme-path-missing"]
+    filled = hf_zero.load_config("zero3_nvme", nvme_path=tmp_path)
+    assert get_dotted(filled, "zero_optimization.offload_optimizer.nvme_path") == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_accelerate_yaml_points_at_the_json(name):
+    config = yaml.safe_load(hf_zero.accelerate_config_path(name).read_text())
+    assert config["distributed_type"] == "DEEPSPEED"
+    assert config["deepspeed_config"]["deepspeed_config_file"] == f"recipes/{name}.json"
+    assert config["deepspeed_config"]["zero3_init_flag"] is name.startswith("zero3")
+
+
+def test_preset_path_and_unknown_name():
+    assert hf_zero.preset_path("zero3").name == "zero3.json"
+    assert json.loads(hf_zero.preset_path("zero2").read_text())["zero_optimization"]["stage"] == 2
+    with pytest.raises(hf_zero.ConfigError, match="unknown preset 'zero9'.*zero1, zero2"):
+        hf_zero.preset_path("zero9")
+
+
+def test_recipe_path_is_a_deprecated_alias_of_preset_path():
+    with pytest.warns(DeprecationWarning, match="preset_path"):
+        assert hf_zero.recipe_path("zero3") == hf_zero.preset_path("zero3")

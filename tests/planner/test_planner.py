@@ -1,0 +1,290 @@
+"""hf-zero plan: the memory model against measured peaks, the recommendation, and the CLI."""
+
+import contextlib
+import json
+import time
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_zero.cli import main
+from hf_zero.config import validate_config
+from hf_zero.planner import GIB, ModelShape, RunShape, estimate, frozen_base_saving, make_plan
+
+LLAMA_1B = LlamaConfig(hidden_size=2048, num_hidden_layers=24, intermediate_size=5504, vocab_size=32000,
+                       num_attention_heads=16)
+LLAMA_8B = LlamaConfig(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=32000,
+                       num_attention_heads=32, num_key_value_heads=8)
+
+# Peak allocated GiB per GPU measured on H200s: HF Trainer, bf16, seq 1024, the presets as shipped.
+# 2 GPUs: benchmarks/2xH200; 1 GPU: 1xH200, where the Trainer runs without DDP and ZeRO shards
+# nothing; N = 4 and 8 (and the 7.2B model): 1xH200/simulated_ranks, one GPU as rank 0 of N over torch's
+# fake process group (it reproduced the 2-GPU zero2, zero3 and zero3+gc peaks exactly).
+# The last field: TrainingArguments(torch_compile=True) with Accelerate's regional compilation (drc, z2rc, z3rc).
+MEASURED = [
+    ("ddp", LLAMA_1B, 2, 4, False, False, 34.72),
+    ("ddp", LLAMA_1B, 2, 8, True, False, 26.85),
+    ("zero1", LLAMA_1B, 2, 4, False, False, 20.72),
+    ("zero2", LLAMA_1B, 2, 4, False, False, 20.20),
+    ("zero3", LLAMA_1B, 2, 4, False, False, 23.22),
+    ("zero3_offload", LLAMA_1B, 2, 4, False, False, 13.06),
+    ("zero2_offload", LLAMA_1B, 2, 4, False, False, 13.36),
+    ("zero2", LLAMA_1B, 2, 8, True, False, 15.11),
+    ("zero3", LLAMA_1B, 2, 8, True, False, 16.87),
+    ("ddp", LLAMA_1B, 1, 4, False, False, 29.73),
+    ("zero2", LLAMA_1B, 1, 4, False, False, 27.69),
+    ("zero3", LLAMA_1B, 1, 4, False, False, 31.16),
+    ("zero2_offload", LLAMA_1B, 1, 4, False, False, 13.34),
+    ("zero2_offload", LLAMA_1B, 1, 8, True, False, 6.50),
+    ("zero3_offload", LLAMA_1B, 1, 8, True, False, 6.69),
+    ("zero3_offload", LLAMA_1B, 1, 4, False, False, 13.06),
+    ("ddp", LLAMA_1B, 2, 4, False, True, 32.82),
+    ("zero2", LLAMA_1B, 2, 4, False, True, 17.64),
+    ("zero3", LLAMA_1B, 2, 4, False, True, 20.69),
+    ("zero2", LLAMA_1B, 4, 4, False, False, 16.47),
+    ("zero2", LLAMA_1B, 8, 4, False, False, 14.59),
+    ("zero3", LLAMA_1B, 4, 4, False, False, 18.21),
+    ("zero3", LLAMA_1B, 8, 4, False, False, 15.71),
+    ("zero3", LLAMA_1B, 4, 8, True, False, 11.86),
+    ("zero3", LLAMA_1B, 8, 8, True, False, 9.35),
+    ("zero3", LLAMA_8B, 2, 2, True, False, 60.64),
+    ("zero3", LLAMA_8B, 4, 2, True, False, 33.65),
+    ("zero3", LLAMA_8B, 8, 2, True, False, 19.54),
+    ("zero2_offload", LLAMA_1B, 2, 8, True, False, 6.50),
+    ("zero2_offload", LLAMA_1B, 4, 8, True, False, 6.50),
+    ("zero2_offload", LLAMA_1B, 8, 8, True, False, 6.50),
+    ("zero3_offload", LLAMA_1B, 2, 8, True, False, 6.68),
+    ("zero3_offload", LLAMA_1B, 4, 8, True, False, 6.68),
+    ("zero3_offload", LLAMA_1B, 8, 8, True, False, 6.68),
+]
+
+# LoRA on the frozen 1.35B model (peft, lora_alpha 2r; q_proj,v_proj is peft's default for Llama): 1 and 2 GPUs
+# from the sweeps (1xH200/sweeps/offload_gc_lora_padding.json, 2xH200/sweeps/memory_snapshot.json), N = 2-8 from
+# 1xH200/simulated_ranks/1.35b_offload_gc_lora_fp32 and 1.35b_lora_variants_fp32, all measured before ZeroCallback cast the
+# adapters to 16 bits (ZeRO-3 trained them in fp32). No constant was fitted to them.
+QV = ("q_proj", "v_proj")
+MEASURED_LORA = [  # setup, GPUs, micro batch, checkpointing, r, targets, fp32 adapters, GiB
+    ("zero2", 1, 4, False, 16, QV, False, 10.59),
+    ("zero3", 1, 4, False, 16, QV, True, 14.43),
+    ("zero2", 2, 4, False, 16, QV, False, 10.57),
+    ("zero3", 2, 4, False, 16, QV, True, 15.04),
+    ("zero2", 4, 4, False, 16, QV, False, 10.56),
+    ("zero3", 4, 4, False, 16, QV, True, 14.41),
+    ("zero2", 8, 4, False, 16, QV, False, 10.56),
+    ("zero3", 8, 4, False, 16, QV, True, 14.08),
+    ("zero2", 2, 4, False, 16, ("all-linear",), False, 12.08),
+    ("zero3", 2, 4, False, 16, ("all-linear",), True, 20.16),
+    ("zero2", 2, 8, True, 16, QV, False, 6.37),
+    ("zero3", 2, 8, True, 16, QV, True, 7.94),
+    ("zero2", 2, 8, False, 64, QV, False, 18.48),
+    # ZeroCallback casting the adapters to bf16 (1.35b_lora, 1.35b_lora_variants); predicted before they were measured
+    ("zero3", 2, 4, False, 16, QV, False, 13.54),
+    ("zero3", 4, 4, False, 16, QV, False, 12.91),
+    ("zero3", 8, 4, False, 16, QV, False, 12.58),
+    ("zero3", 2, 4, False, 16, ("all-linear",), False, 13.66),
+    ("zero3", 2, 8, True, 16, QV, False, 7.93),
+    ("zero2", 2, 4, False, 16, QV, False, 10.57),
+    # real runs on one H200, both adapter dtypes (1xH200/sweeps/lora_adapter_dtype.json)
+    ("zero3", 1, 4, False, 16, QV, False, 12.93),
+    ("zero3", 1, 4, False, 16, ("all-linear",), False, 13.13),
+    ("zero3", 1, 4, False, 16, ("all-linear",), True, 19.61),
+]
+
+
+@pytest.mark.parametrize("setup, config, gpus, micro_batch, checkpointing, compiled, measured", MEASURED)
+def test_within_15_percent_of_measured_gpu_peaks(setup, config, gpus, micro_batch, checkpointing, compiled, measured):
+    model = ModelShape.from_config(config)
+    run = RunShape(gpus_per_node=gpus, micro_batch=micro_batch, gradient_checkpointing=checkpointing, compiled=compiled)
+    predicted = estimate(setup, model, run).gpu_total / GIB
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize("setup, gpus, micro_batch, checkpointing, r, targets, fp32_adapters, measured", MEASURED_LORA)
+def test_lora_within_15_percent_of_measured_gpu_peaks(setup, gpus, micro_batch, checkpointing, r, targets, fp32_adapters,
+                                                       measured):
+    run = RunShape(gpus_per_node=gpus, micro_batch=micro_batch, gradient_checkpointing=checkpointing,
+                   lora_r=r, lora_targets=targets, fp32_adapters=fp32_adapters)
+    predicted = estimate(setup, ModelShape.from_config(LLAMA_1B), run).gpu_total / GIB
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
+SMALL_LLAMA = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=2, num_attention_heads=8,
+                          vocab_size=64)
+
+
+def _kept_for_backward(targets, adapter_dtype, deepspeed_linear, tokens=32) -> int:
+    """Bytes one decoder layer's forward keeps for its backward (weights aside), counted by autograd's hooks."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(SMALL_LLAMA).to(torch.bfloat16)
+    if targets:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=list(targets) if targets != ("all-linear",) else "all-linear"))
+        for name, param in model.named_parameters():
+            if "lora_" in name:  # bf16 as DeepSpeed's ZeRO-1/2 cast leaves them; fp32 as ZeRO-3 leaves them
+                param.data = param.data.to(adapter_dtype)
+    decoder = (model.get_base_model() if targets else model).model
+    hidden = torch.randn(1, tokens, SMALL_LLAMA.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    not_counted = {p.untyped_storage().data_ptr() for p in model.parameters()} | {hidden.untyped_storage().data_ptr()}
+    kept = {}
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() not in not_counted:
+            kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    positions = torch.arange(tokens)[None]
+    linear = contextlib.nullcontext()
+    if deepspeed_linear:  # what zero.Init leaves in place of torch's F.linear
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+        linear = mock.patch.object(F, "linear", zero3_linear_wrap)
+    with linear, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        decoder.layers[1](hidden, position_embeddings=decoder.rotary_emb(hidden, positions), attention_mask=None,
+                          position_ids=positions)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("targets", [QV, ("o_proj",), ("all-linear",)])
+@pytest.mark.parametrize("zero3, compiled, fp32_adapters", [
+    (False, False, False), (True, False, False), (True, False, True), (True, True, False), (True, True, True)],
+    ids=["zero2", "zero3", "zero3-fp32-adapters", "zero3-compiled", "zero3-compiled-fp32-adapters"])
+def test_lora_activation_saving_is_what_a_frozen_layer_really_keeps(targets, zero3, compiled, fp32_adapters):
+    """The planner's LoRA activations, byte for byte: full fine-tuning's count minus a frozen layer's.
+    ZeRO-3 compiled: ZeroCallback restores torch's F.linear for compiled blocks (nothing is compiled here);
+    fp32 adapters: ZeRO-3 without ZeroCallback's cast."""
+    deepspeed_linear = zero3 and not compiled
+    full = _kept_for_backward(None, None, deepspeed_linear)
+    lora = _kept_for_backward(targets, torch.float32 if fp32_adapters else torch.bfloat16, deepspeed_linear)
+    run = RunShape(lora_r=4, lora_targets=targets, compiled=compiled, fp32_adapters=fp32_adapters)
+    assert full - lora == frozen_base_saving(ModelShape.from_config(SMALL_LLAMA), run, zero3) * 32
+
+
+def test_lora_trains_the_adapter_only():
+    model = ModelShape.from_config(LLAMA_1B)
+    assert model.adapter_params(16, QV) == 24 * 2 * 16 * (2048 + 2048)
+    full, lora = (estimate("zero3", model, RunShape(gpus_per_node=2, micro_batch=4, lora_r=r, lora_targets=QV))
+                  for r in (0, 16))
+    assert lora.gpu["optimizer"] < full.gpu["optimizer"] / 400 and lora.gpu["parameters"] >= full.gpu["parameters"]
+    # a model without Llama's layer layout is planned with full fine-tuning's activations (an upper bound)
+    other = ModelShape(params=10**9, hidden=1024, intermediate=4096, layers=8, vocab=1000, largest_layer=10**7,
+                       linears={"c_attn": (1024, 3072), "c_proj": (1024, 1024)})
+    run = RunShape(lora_r=8, lora_targets=("c_attn",))
+    assert frozen_base_saving(other, run, zero3=False) == 0
+    with pytest.raises(ValueError, match="q_proj are not Linear layers"):
+        other.lora_targets(("q_proj",))
+
+
+def test_zero3_model_states_fall_as_one_over_n():
+    model = ModelShape.from_config(LLAMA_8B)
+    states = [sum(v for k, v in estimate("zero3", model, RunShape(gpus_per_node=n)).phases["backward"].items()
+                  if k in ("parameters", "gradients", "optimizer")) for n in (2, 4, 8)]
+    assert states[0] == pytest.approx(2 * states[1], rel=1e-6) == pytest.approx(4 * states[2], rel=1e-6)
+    assert states[0] == pytest.approx(16 * model.params / 2, rel=1e-6)
+
+
+def test_the_peak_phase_is_the_larger_one():
+    big, small = ModelShape.from_config(LLAMA_8B), ModelShape.from_config(LLAMA_1B)
+    # 7.2B with checkpointing on 2 GPUs: the optimizer step's fp32 gradient copy outweighs the activations
+    plan = estimate("zero3", big, RunShape(gpus_per_node=2, micro_batch=2, gradient_checkpointing=True))
+    assert plan.phase == "optimizer step" and "activations" not in plan.gpu and plan.gpu["step"] > 5 * GIB
+    # 1.35B without checkpointing: the backward's activations and gathered parameters
+    plan = estimate("zero3", small, RunShape(gpus_per_node=2, micro_batch=4))
+    assert plan.phase == "backward" and plan.gpu["activations"] > 9 * GIB
+    # nothing is gathered on one GPU, unless the parameters live on the host
+    one = RunShape(gpus_per_node=1, micro_batch=4)
+    assert estimate("zero3", small, one).gpu["buffers"] < estimate("zero3_offload", small, one).gpu["buffers"]
+    # ZeRO-2 with two overlapping buckets peaks when they fill, after the logits are freed
+    assert estimate("zero2_offload", small, one).phase == "first gradient reduce"
+    assert estimate("zero2", small, one).phase == "backward"
+
+
+def test_recommends_least_sharding_that_fits():
+    model = ModelShape.from_config(LLAMA_1B)
+    run = RunShape(gpus_per_node=2, micro_batch=4)
+    assert make_plan(model, run, gpu_mem_gib=80).choice == "ddp"
+    plan = make_plan(model, run, gpu_mem_gib=24)
+    assert plan.choice == "zero1" and "over 90% of 24 GiB" in plan.reasons["ddp"]
+    assert make_plan(model, run, gpu_mem_gib=16).choice == "zero2_offload"
+    assert make_plan(model, run, gpu_mem_gib=16, cpu_mem_gib=8).choice is None
+
+
+def test_70b_plans_in_seconds(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+                                  "intermediate_size": 28672, "vocab_size": 128256, "num_attention_heads": 64,
+                                  "num_key_value_heads": 8}))
+    started = time.time()
+    assert main(["plan", str(config), "--gpus", "8", "--nodes", "2", "--gpu-mem", "80", "--json"]) == 0
+    assert time.time() - started < 30
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["model"]["params"] > 70e9 and plan["choice"] == "zero3_offload"
+
+
+def test_plot_and_write(tmp_path, capsys):
+    png, ds, config = tmp_path / "plan.png", tmp_path / "ds.json", tmp_path / "config.json"
+    LLAMA_1B.to_json_file(config)
+    assert main(["plan", str(config), "--gpus", "2", "--gpu-mem", "24", "--micro-batch", "4",
+                 "--plot", str(png), "--write", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert "Recommended:" in out and png.stat().st_size > 10_000
+    written = json.loads(ds.read_text())
+    assert "Recommended: zero1" in out and written["zero_optimization"]["stage"] == 1
+    assert validate_config(written) == []
+
+
+def test_write_refuses_when_ddp_is_the_answer(tiny_models, tmp_path, capsys):
+    assert main(["plan", str(tiny_models["llama"]), "--gpus", "2", "--gpu-mem", "80", "--write",
+                 str(tmp_path / "ds.json")]) == 2
+    assert "no DeepSpeed config to write" in capsys.readouterr().err
+    assert not (tmp_path / "ds.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "/nonexistent/model", "--gpus", "2", "--gpu-mem", "80"], "cannot read a model config"),
+    (["plan", "{config}", "--gpus", "2", "--gpu-mem", "80"], "no model_type"),
+])
+def test_bad_model_exit_2(tmp_path, capsys, argv, message):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"hidden_size": 8}))
+    assert main([a.replace("{config}", str(config)) for a in argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_write_scales_the_zero3_leaf_threshold_to_the_model(tmp_path, capsys):
+    """The benchmark's winning stage3_module_granularity_threshold (5e6 on the 1.35B model: one fetch per
+    decoder layer) is written scaled to the planned model's layer size."""
+    from hf_zero.cli.plan import leaf_threshold
+
+    config, ds = tmp_path / "config.json", tmp_path / "ds.json"
+    LLAMA_8B.to_json_file(config)
+    assert main(["plan", str(config), "--gpus", "8", "--gpu-mem", "32", "--write", str(ds)]) == 0
+    written = json.loads(ds.read_text())["zero_optimization"]
+    assert written["stage"] == 3, capsys.readouterr().out
+    assert written["stage3_module_granularity_threshold"] == leaf_threshold(ModelShape.from_config(LLAMA_8B))
+    measured = leaf_threshold(ModelShape.from_config(LLAMA_1B))
+    assert 4.5e6 < measured < 5.5e6  # the measured 5e6
+    # an 8B layer holds 4.3x the parameters of a 1.35B one
+    assert 4 < written["stage3_module_granularity_threshold"] / measured < 4.6
+
+
+def test_plan_for_lora(tmp_path, capsys):
+    """--lora-r plans the adapter on the frozen model; a zero3 config written for it keeps layers out of leaf
+    modules, which break a frozen base with adapters (the same value ZeroCallback sets)."""
+    config, ds = tmp_path / "config.json", tmp_path / "ds.json"
+    LLAMA_8B.to_json_file(config)
+    argv = ["plan", str(config), "--gpus", "8", "--gpu-mem", "24", "--micro-batch", "2", "--lora-r", "16"]
+    assert main([*argv, "--lora-target-modules", "q_proj,v_proj", "--write", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16 on q_proj,v_proj (6.8M trainable parameters)" in out and "Recommended: zero3" in out
+    assert json.loads(ds.read_text())["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    # full fine-tuning of the same model needs its optimizer states off the GPUs
+    assert main(["plan", str(config), "--gpus", "8", "--gpu-mem", "24", "--micro-batch", "2"]) == 0
+    assert "Recommended: zero3_offload" in capsys.readouterr().out
+    assert main([*argv, "--lora-target-modules", "q_proj,qkv"]) == 2
+    assert "qkv are not Linear layers" in capsys.readouterr().err
+    assert main([*argv[:-1], "-3"]) == 2
+    assert "--lora-r must be 0 (full fine-tuning) or a positive rank" in capsys.readouterr().err

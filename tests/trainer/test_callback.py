@@ -1,0 +1,151 @@
+"""Each ZeroCallback check, in a real DeepSpeed run: one case where it fires, one where it stays quiet."""
+
+import json
+
+import pytest
+
+from conftest import assert_reload_bitwise, read_result, run_lora, run_worker
+
+pytestmark = pytest.mark.multiproc
+cpu_only = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CPU-machine pitfall")
+
+
+def _args(tiny_models, out, *extra, preset="zero3", model="llama"):
+    return ["--model", tiny_models[model], "--out", out, "--deepspeed", preset, *extra]
+
+
+@cpu_only
+def test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp(tiny_models, tmp_path):
+    proc = run_worker(_args(tiny_models, tmp_path, preset="zero1"), env={"ACCELERATE_USE_CPU": "true"}, expect_fail=True)
+    assert "not a DeepSpeedEngine" in proc.stderr and "ACCELERATE_USE_CPU" in proc.stderr
+
+
+def test_quiet_engine_check_on_a_real_engine(trained):
+    result = read_result(trained("llama", "zero1", 2))
+    assert result["engine"] == "DeepSpeedEngine" and result["warnings"] == []
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero3"])
+def test_warns_that_zero_on_one_process_shards_nothing(trained, preset):
+    result = read_result(trained("llama", preset, 1))
+    [warning] = result["warnings"]
+    assert f"ZeRO-{preset[-1]} on a single process shards nothing" in warning and "offload preset" in warning
+
+
+def test_quiet_about_one_process_when_states_are_offloaded():
+    from hf_zero.trainer.callback import single_process_note
+
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert single_process_note(offload, 2, ranks=1) is None
+    assert single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=2) is None
+    assert single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=1) is not None
+
+
+@cpu_only
+def test_fires_when_ranks_would_train_alone(tiny_models, tmp_path):
+    # transformers' own TrainingArguments on CPU without use_cpu: each rank sees world size 1
+    proc = run_worker(_args(tiny_models, tmp_path, "--plain-args", preset="zero2"), nproc=2, expect_fail=True)
+    assert "processes were launched" in proc.stderr and "use_cpu=True" in proc.stderr
+
+
+def test_quiet_world_size_with_hf_zero_arguments(trained):
+    result = read_result(trained("llama", "zero2", 2))
+    assert result["dp_world_size"] == 2 and result["warnings"] == []
+
+
+def test_warns_when_zero3_model_was_built_whole(tiny_models, tmp_path):
+    run_worker(_args(tiny_models, tmp_path, "--load", "whole"), nproc=2)
+    result = read_result(tmp_path)
+    assert result["partitioned_at_load"] is False
+    [warning] = [w for w in result["warnings"] if "built whole" in w]
+    assert "GiB of host memory" in warning and "hf_zero.from_pretrained" in warning
+    assert_reload_bitwise(tmp_path)
+
+
+def test_quiet_when_zero3_model_loaded_partitioned(trained):
+    result = read_result(trained("llama", "zero3", 2))
+    assert result["partitioned_at_load"] is True
+    assert not any("built whole" in w for w in result["warnings"])
+
+
+def test_gather_off_is_turned_on_so_the_save_reloads(tiny_models, tmp_path):
+    import hf_zero
+
+    config = hf_zero.load_config("zero3")
+    config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    path = tmp_path / "gather_off.json"
+    path.write_text(json.dumps(config))
+    run_worker(_args(tiny_models, tmp_path, preset=str(path)), nproc=2)
+    result = read_result(tmp_path)
+    assert any("stage3_gather_16bit_weights_on_model_save was off" in w for w in result["warnings"])
+    assert (tmp_path / "final" / "model.safetensors").exists()
+    assert_reload_bitwise(tmp_path)
+
+
+def test_callback_passed_in_list_says_how_to_attach(tiny_models, tmp_path):
+    proc = run_worker(_args(tiny_models, tmp_path, "--callback-in-list", preset="zero2"), expect_fail=True)
+    assert "hf_zero.attach(trainer)" in proc.stderr
+
+
+def test_checkpoint_folders_verified_and_reloadable(trained):
+    out = trained("llama", "zero3", 2, "--gc", "--save-steps", "2")
+    from hf_zero import saved_model_problems
+
+    assert saved_model_problems(out / "checkpoint-2") == []
+    assert saved_model_problems(out / "checkpoint-4") == []
+
+
+@pytest.mark.slow  # compiling takes ~35 s here
+def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained, tiny_models, tmp_path):
+    # Accelerate would compile DeepSpeed's fetch/release hooks with the model, and dynamo recompiles per layer.
+    # Persistence 0: the tiny model's weights are partitions, gathered by the hooks around each compiled block.
+    import hf_zero
+
+    config = hf_zero.load_config("zero3")
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    (tmp_path / "z3.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    run_worker(_args(tiny_models, out, "--torch-compile", preset=str(tmp_path / "z3.json")), nproc=2)
+    result, eager = read_result(out), read_result(trained("llama", "zero3", 2))
+    assert result["compiled_block_forwards"] == 2  # the tiny Llama's two decoder layers
+    assert any("compiled the forward of 2 repeated blocks" in w for w in result["warnings"])
+    assert result["linear_is_torch"]  # zero.Init's memory-efficient linear is undone
+    assert result["dynamo_graphs"] == 1  # one graph serves both layers: nothing specialized on ds_id
+    assert result["losses"] == pytest.approx(eager["losses"], rel=1e-3)
+    assert_reload_bitwise(out)
+
+
+@pytest.mark.slow  # compiles (~40 s)
+def test_zero3_torch_compile_with_frozen_weights_is_left_to_accelerate(tiny_models, tmp_path):
+    # LoRA: DeepSpeed 0.19.8 loses a leaf module's frozen weights before their backward, so no leaves
+    pytest.importorskip("peft")
+    result = run_lora(tiny_models["llama"], tmp_path, env={"ACCELERATE_DYNAMO_BACKEND": "inductor"})
+    [note] = [w for w in result["warnings"] if "torch_compile" in w]
+    assert "frozen parameters" in note and "left to Accelerate" in note
+
+
+def test_quiet_compile_without_torch_compile(trained):
+    eager = read_result(trained("llama", "zero3", 2))
+    assert eager["compiled_block_forwards"] == 0 and not eager["linear_is_torch"] and eager["dynamo_graphs"] == 0
+    assert not any("torch_compile" in w for w in eager["warnings"])
+
+
+@pytest.mark.slow
+def test_quiet_compile_below_stage3(trained):
+    zero2 = read_result(trained("llama", "zero2", 2, "--torch-compile"))  # no parameter hooks: Accelerate compiles
+    assert zero2["compiled_block_forwards"] == 0 and zero2["dynamo_graphs"] >= 1
+
+
+def test_compile_finds_the_outermost_repeated_blocks_only():
+    import torch
+
+    from hf_zero.trainer.compile import repeated_blocks
+
+    class Block(torch.nn.Module):  # an MoE-like block: its experts are a repeated list too
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
+
+    model = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.ModuleList([Block() for _ in range(4)]))
+    assert [type(b) for b in repeated_blocks(model)] == [Block] * 4
+    assert repeated_blocks(torch.nn.Linear(2, 2)) == []

@@ -1,0 +1,201 @@
+"""A short Trainer run of a tiny model under DeepSpeed, as the tests launch it.
+
+Launch-agnostic on purpose: the tests start it with python, torchrun, deepspeed and
+accelerate. Rank 0 writes result.json and the engine's gathered weights (expected.safetensors)
+next to the saved model, so the test can compare the reload tensor by tensor.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Trainer
+
+import hf_zero
+
+
+# transformers 5.24 renamed gradient_checkpointing (kept as a deprecated alias)
+CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
+                     else "gradient_checkpointing")
+
+
+def build_args(opts):
+    common = dict(
+        output_dir=opts.out, per_device_train_batch_size=2, gradient_accumulation_steps=opts.accum,
+        max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
+        save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
+        bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, lr_scheduler_type="constant",
+        deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit, torch_compile=opts.torch_compile,
+    )
+    if opts.plain_args:
+        # What a user's unmodified script does: transformers' own arguments, no CPU glue.
+        if common["deepspeed"] and not common["deepspeed"].endswith(".json"):
+            common["deepspeed"] = str(hf_zero.preset_path(common["deepspeed"]))
+        return transformers.TrainingArguments(**common)
+    return hf_zero.TrainingArguments(nvme_path=opts.nvme_path, **common)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, task, vocab, n=64, length=16, num_labels=2):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, vocab, (n, length), generator=g)
+        self.cls_labels = torch.randint(0, num_labels, (n,), generator=g)
+        self.task = task
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        ids = self.ids[i]
+        if self.task == "cls":
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.cls_labels[i]}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+class PeakStateBytes(transformers.TrainerCallback):
+    """Live tensor bytes just before each optimizer step: gradients, master weights and Adam states all
+    exist then, and the activations are gone, so this is the model-state peak the planner predicts."""
+
+    def __init__(self, trainer):
+        self.trainer, self.peak = trainer, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        inner = getattr(self.trainer.model_wrapped, "optimizer", None)
+        inner = getattr(inner, "optimizer", inner)  # the torch optimizer inside DeepSpeed's ZeRO optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.register_step_pre_hook(lambda *_: setattr(self, "peak", max(self.peak, live_tensor_bytes())))
+
+
+class LoggedKeys(transformers.TrainerCallback):
+    def __init__(self):
+        self.keys = set()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.keys.update(logs or {})
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every distinct tensor storage alive in this process (what DeepSpeed keeps between steps)."""
+    import gc
+
+    storages = {}
+    for obj in gc.get_objects():
+        try:
+            if torch.is_tensor(obj) and obj.device.type == "cpu":
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        except Exception:  # tensors without storage (meta, sparse wrappers)
+            continue
+    return sum(storages.values())
+
+
+def kill_midway_through_save(step: int) -> None:
+    """A crash in the middle of a checkpoint: the optimizer shard of `step` is cut in half, then SIGKILL
+    (no cleanup, no exception handlers), as when a node dies or the OOM killer strikes."""
+    import signal
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)) and f"global_step{step}" in str(f) and "optim_states" in str(f):
+            size = os.path.getsize(f)
+            os.truncate(f, size // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = save  # DeepSpeed's checkpoint engine calls torch.save(state, path)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", default="causal", choices=["causal", "cls"])
+    p.add_argument("--deepspeed", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--save-steps", type=int, default=0)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--gc", action="store_true")
+    p.add_argument("--plain-args", action="store_true")
+    p.add_argument("--load", default="after-args", choices=["after-args", "hf-zero", "whole"])
+    p.add_argument("--no-attach", action="store_true")
+    p.add_argument("--callback-in-list", action="store_true", help="Trainer(callbacks=[ZeroCallback()]) instead of attach")
+    p.add_argument("--nvme-path", default=None)
+    p.add_argument("--resume", default=None, help="'last' (hf_zero.prepare_resume finds it) or a checkpoint folder")
+    p.add_argument("--plain-resume", default=None, help="trainer.train(resume_from_checkpoint=PATH), without hf_zero")
+    p.add_argument("--save-total-limit", type=int, default=None)
+    p.add_argument("--kill-during-save", type=int, default=None, metavar="STEP",
+                   help="rank 1 writes half of its optimizer shard at STEP's save, then SIGKILLs itself")
+    p.add_argument("--torch-compile", action="store_true", help="TrainingArguments(torch_compile=True)")
+    p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
+    opts = p.parse_args()
+
+    model_class = AutoModelForSequenceClassification if opts.task == "cls" else AutoModelForCausalLM
+    dtype = torch.bfloat16 if opts.bf16 else torch.float32
+    model = None
+    if opts.load == "whole":
+        model = model_class.from_pretrained(opts.model, dtype=dtype)  # before any DeepSpeed config exists
+    elif opts.load == "hf-zero":
+        model = hf_zero.from_pretrained(model_class, opts.model, opts.deepspeed or "zero3", dtype=dtype,
+                                        nvme_path=opts.nvme_path)
+    args = build_args(opts)
+    if model is None:
+        model = model_class.from_pretrained(opts.model, dtype=dtype)  # zero.Init through TrainingArguments
+    partitioned_at_load = hf_zero.is_partitioned(model)
+
+    data = RandomTokens(opts.task, model.config.vocab_size)
+    in_list = [hf_zero.ZeroCallback()] if opts.callback_in_list else None
+    # a tokenizer saved beside the model goes into every checkpoint, as in a real fine-tune
+    tokenizer = transformers.AutoTokenizer.from_pretrained(opts.model) if (Path(opts.model) / "tokenizer_config.json").exists() else None
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list, processing_class=tokenizer)
+    callback = None if opts.no_attach or in_list else hf_zero.attach(trainer)
+    logged = LoggedKeys()
+    trainer.add_callback(logged)
+    peak_states = PeakStateBytes(trainer)
+    trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
+    if opts.kill_during_save is not None and os.environ.get("RANK") == "1":
+        kill_midway_through_save(opts.kill_during_save)
+    resume = opts.plain_resume
+    if opts.resume:
+        resume = hf_zero.prepare_resume(trainer, True if opts.resume == "last" else opts.resume)
+    trainer.train(resume_from_checkpoint=resume)
+
+    expected = hf_zero.gathered_state_dict(trainer.model)
+    final = Path(opts.out) / "final"
+    trainer.save_model(str(final))
+    if trainer.is_world_process_zero():
+        from safetensors.torch import save_file
+        from torch._dynamo.utils import counters as dynamo_counters
+
+        save_file(expected, str(Path(opts.out) / "expected.safetensors"))
+        engine = trainer.model_wrapped
+        result = {
+            "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "loss_steps": [e["step"] for e in trainer.state.log_history if "loss" in e],
+            "resumed_from": resume,
+            "engine": type(engine).__name__,
+            "dp_world_size": getattr(engine, "dp_world_size", None),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "partitioned_at_load": partitioned_at_load,
+            "peak_state_bytes": peak_states.peak,
+            "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
+            "warnings": callback.warnings if callback else [],
+            "compiled_block_forwards": sum(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")
+                                           for m in trainer.model.modules()),
+            "linear_is_torch": torch.nn.functional.linear is torch._C._nn.linear,
+            "dynamo_graphs": dynamo_counters["stats"]["unique_graphs"],
+            "use_reentrant": (getattr(args, "activation_checkpointing_kwargs", None)
+                              or getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
+        }
+        (Path(opts.out) / "logged_keys.json").write_text(json.dumps(sorted(logged.keys)))
+        (Path(opts.out) / "result.json").write_text(json.dumps(result, indent=1))
+    hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED: all work done, only teardown left
+
+
+if __name__ == "__main__":
+    main()
