@@ -45,6 +45,7 @@ _PUBLIC = {
     "UnsafeCheckpointError": "errors",
     "validate_config": "config.validate",
     "zero3_init": "zero3.loading",
+    "zero_arguments": "trainer.training_args",
     "ZeroCallback": "trainer.callback",
 }
 _SUBMODULES = ("bench", "checkpoints", "cli", "config", "finetune", "lora", "metrics", "planner", "trainer", "zero3")

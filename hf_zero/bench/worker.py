@@ -23,7 +23,8 @@ import hf_zero
 from hf_zero.bench.model import build_config
 from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
-from hf_zero.distributed import has_gpu
+from hf_zero.checkpoints.saved_models import safetensors_files
+from hf_zero.distributed import barrier, has_gpu, is_distributed
 
 GIB = 1024**3
 # transformers 5.24 renamed gradient_checkpointing (kept as an alias); 5.17 only has the old name
@@ -112,18 +113,11 @@ def _memory() -> dict:
 def _all_ranks(obj) -> list:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_distributed():
         return [obj]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
-
-
-def _barrier():
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def _batch_tokens(collator: PadToLongest, spec: dict) -> dict:
@@ -177,20 +171,18 @@ def compare_weights(saved: dict, expected: dict) -> list:
 def _load_saved(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
     state = {}
-    for name in files:
+    for name in safetensors_files(folder):
         state.update(load_file(str(folder / name)))
     return state
 
 
 def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
     """Time ``save_model`` (gathers 16-bit weights under ZeRO-3) and check the file against the engine's weights."""
-    _barrier()
+    barrier()
     start = time.perf_counter()
     trainer.save_model(str(folder))
-    _barrier()  # the save is done when every rank is done (rank 0 writes, the others gather)
+    barrier()  # the save is done when every rank is done (rank 0 writes, the others gather)
     seconds = time.perf_counter() - start
     expected = hf_zero.gathered_state_dict(trainer.model)  # a collective: every rank enters
     result = None
@@ -203,7 +195,7 @@ def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
                   "reload_equal": not problems, "problems": problems[:10]}
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)  # 2.7 GB per save at 1.35B; the check is what we keep
-    _barrier()
+    barrier()
     return result
 
 

@@ -19,6 +19,7 @@ from .folders import ensure_complete, find_zero_checkpoint, shape_mismatches
 from .safe_load import guard_deepspeed_loads
 
 DTYPES = ("bf16", "fp16", "fp32")
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Files a Trainer checkpoint carries besides the weights that belong in a model folder.
 _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                 "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
@@ -104,25 +105,34 @@ def _set_config_dtype(out: Path, dtype: str) -> None:
     if not config_file.exists():
         return
     config = json.loads(config_file.read_text())
-    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+    name = _DTYPE_NAMES[dtype]
     for key in ("dtype", "torch_dtype"):
         if key in config or key == "dtype":
             config[key] = name
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def export(checkpoint, out, *, dtype: str = "bf16", max_shard_size="5GB", overwrite: bool = False,
+def trained_dtype(sources: list) -> str:
+    """The dtype the run trained in, as the checkpoint's config.json says (fp32 when it says nothing)."""
+    config_file = next((s / "config.json" for s in sources if (s / "config.json").is_file()), None)
+    config = json.loads(config_file.read_text()) if config_file is not None else {}
+    named = config.get("dtype") or config.get("torch_dtype")
+    return next((short for short, name in _DTYPE_NAMES.items() if name == named), "fp32")
+
+
+def export(checkpoint, out, *, dtype: str | None = None, max_shard_size="5GB", overwrite: bool = False,
            trust_checkpoint: bool = False, config_dir=None) -> dict:
     """Export a ZeRO checkpoint (any stage, any world size) to a from_pretrained model folder.
 
-    Refuses, before writing anything, a folder that is not a checkpoint, one with missing or
+    ``dtype`` (bf16 / fp16 / fp32) converts; by default the weights keep the precision the run trained in
+    (config.json's dtype), so they equal the engine's. Refuses, before writing anything, a folder that is not a checkpoint, one with missing or
     truncated rank files, a pickle that would run code (unless ``trust_checkpoint``) and a
     non-empty ``out`` (unless ``overwrite``). The export is built in a temporary folder beside
     ``out`` and moved into place only when complete, so a failure never leaves a half-written
     model where a good one was.
     """
     checkpoint, out = Path(checkpoint), Path(out)
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}.")
     if not checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} is not a folder. Pass a Trainer checkpoint-N/ folder or a DeepSpeed save folder.")
@@ -142,6 +152,7 @@ def export(checkpoint, out, *, dtype: str = "bf16", max_shard_size="5GB", overwr
         raise CheckpointError(f"no config.json next to {checkpoint}: pass --config DIR (the model folder the run started "
                           "from) so the export is a loadable model folder.")
 
+    dtype = dtype or trained_dtype(sources)
     _progress(f"consolidating {zero.tag} (ZeRO-{zero.stage}, {zero.dp_world_size} rank(s))")
     state_dict = _lazy_state_dict(zero.root, zero.tag, trust_checkpoint)
     dropped = _drop_aliases(state_dict)

@@ -22,14 +22,18 @@ def is_adapter_folder(folder) -> bool:
     return (Path(folder) / ADAPTER_CONFIG).exists()
 
 
+def safetensors_files(folder: Path) -> list:
+    """The weight files of a saved model folder: every shard its index names, else model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    return sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+
+
 def _safetensors_headers(folder: Path) -> dict:
     """Tensor name -> shape from the safetensors headers, without reading the weights."""
     from safetensors import safe_open
 
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
     shapes = {}
-    for name in files:
+    for name in safetensors_files(folder):
         with safe_open(folder / name, framework="pt") as f:
             for key in f.keys():
                 shapes[key] = tuple(f.get_slice(key).get_shape())

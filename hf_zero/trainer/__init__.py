@@ -6,10 +6,11 @@ from .gradient_checkpointing import gradient_checkpointing_kwargs, gradient_chec
 from .memory import all_ranks_memory, local_memory
 from .padding import GPU_PAD_MULTIPLE, padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
-from .training_args import TrainingArguments, accelerate_deepspeed_file
+from .training_args import TrainingArguments, accelerate_deepspeed_file, apply_launch_glue, zero_arguments
 
 __all__ = [
     "accelerate_deepspeed_file",
+    "apply_launch_glue",
     "adapters_to_training_dtype",
     "all_ranks_memory",
     "attach",
@@ -22,5 +23,6 @@ __all__ = [
     "peft_recompute_problems",
     "TrainingArguments",
     "zero2_advice",
+    "zero_arguments",
     "ZeroCallback",
 ]

@@ -3,9 +3,12 @@
 import json
 import logging
 import os
+import sys
+import weakref
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
@@ -53,8 +56,9 @@ def _half_dtype(config: dict, args):
 
 def _training_alone(seen: int, launched: int, who: str) -> str:
     return (f"{who} trains on a data-parallel world size of {seen}, but {launched} processes were launched: "
-            "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments "
-            "(hf_zero.TrainingArguments does it) and start the process group before them (hf_zero.init_distributed()).")
+            "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments and "
+            "start the process group before them (hf_zero.init_distributed()); hf_zero.TrainingArguments does both, "
+            "and hf_zero.zero_arguments(YourArgumentsClass) gives any arguments class (TRL's SFTConfig, ...) the same.")
 
 
 def single_process_note(config: dict, stage, ranks: int) -> str | None:
@@ -68,8 +72,34 @@ def single_process_note(config: dict, stage, ranks: int) -> str | None:
             "an offload preset (zero2_offload, zero3_offload) when the model does not fit.")
 
 
-class ZeroCallback(TrainerCallback):
-    """Checks and fixes a Trainer run under DeepSpeed ZeRO. Attach it with ``hf_zero.attach(trainer)``.
+def _trainer_calling(callback):
+    """The Trainer whose method is running now (found up the call stack) and has ``callback`` in its list.
+
+    A TrainerCallback's events bring the model and the arguments, not the Trainer, yet the checks need its
+    engine, accelerator and collator. The Trainer calls its callbacks from its own methods, so it is a frame
+    or a few up, as ``self``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        handler = getattr(candidate, "callback_handler", None) if isinstance(candidate, Trainer) else None
+        if handler is not None and callback in handler.callbacks:
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+# Trainer -> the ZeroCallback that prepared it: a callback the Trainer re-creates from a checkpoint's state
+# (restore_callback_states_from_checkpoint) takes over from it instead of preparing the run twice
+_PREPARED = weakref.WeakKeyDictionary()
+
+
+class ZeroCallback(TrainerCallback, ExportableState):
+    """Checks and fixes a Trainer run under DeepSpeed ZeRO.
+
+    Use it as any TrainerCallback: ``Trainer(..., callbacks=[ZeroCallback()])`` (or the class),
+    ``trainer.add_callback(ZeroCallback())``, or ``hf_zero.attach(trainer)``. It prepares the run once, before the
+    DeepSpeed engine exists: when the Trainer is built (callbacks=[...]), when attached, or, added later, when
+    ``trainer.train()`` starts.
 
     Before training: the config passes DeepSpeed's own parser; ZeRO without offload on a single
     process (nothing to shard, only slower) is reported; stage 3 saves gathered 16-bit
@@ -96,19 +126,38 @@ class ZeroCallback(TrainerCallback):
         self._saved_use_cache = None
         self._save_total_limit = None
 
+    @property
+    def options(self) -> dict:
+        return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
+                "cast_adapters": self.cast_adapters}
+
     # ---- wiring -------------------------------------------------------------------------
     def attach(self, trainer) -> "ZeroCallback":
-        """Hook into ``trainer``; call after building it and before ``trainer.train()``.
+        """Hook into ``trainer`` and prepare its run; call after building it and before ``trainer.train()``.
 
         The callback goes first in the Trainer's list so the memory figures it adds to the logs
         reach TensorBoard/W&B, which log from their own callbacks.
         """
-        self.trainer = trainer
-        self._saved_use_cache = _loaded_use_cache(trainer.model)
+        if self.trainer is trainer:
+            return self
+        if self.trainer is not None:
+            raise ConfigError("this ZeroCallback already serves another Trainer. Fix: give each Trainer its own "
+                              "ZeroCallback() (or call hf_zero.attach(trainer) for each).")
         callbacks = trainer.callback_handler.callbacks
+        others = [c for c in callbacks if isinstance(c, ZeroCallback) and c is not self]
+        if others:
+            raise ConfigError("this Trainer has a ZeroCallback already; one runs the checks. Fix: pass it once: "
+                              "callbacks=[ZeroCallback()], trainer.add_callback(ZeroCallback()) or hf_zero.attach(trainer).")
+        self.trainer = trainer
         if self in callbacks:
             callbacks.remove(self)
         callbacks.insert(0, self)
+        previous = _PREPARED.get(trainer)
+        if previous is not None and previous is not self:
+            self._take_over_from(previous)
+            return self
+        _PREPARED[trainer] = self
+        self._saved_use_cache = _loaded_use_cache(trainer.model)
         self._before_engine(trainer.args, trainer.model)
         if deepspeed_config_of(trainer.args) is not None:
             self._take_over_rotation(trainer.args)
@@ -116,7 +165,37 @@ class ZeroCallback(TrainerCallback):
             advice = padding_advice(trainer.data_collator, has_gpu())
             if advice:
                 self._warn(advice)
+        if getattr(trainer, "is_in_train", False):
+            self._redo_gradient_checkpointing(trainer)
         return self
+
+    def _take_over_from(self, previous: "ZeroCallback") -> None:
+        for name in ("stage", "warnings", "_saved_use_cache", "_save_total_limit"):
+            setattr(self, name, getattr(previous, name))
+        _PREPARED[self.trainer] = self
+
+    def _redo_gradient_checkpointing(self, trainer) -> None:
+        """Added after the Trainer was built, the callback prepares the run inside train(), which has just turned
+        gradient checkpointing on with the arguments' kwargs: turn it on again with the kwargs set now."""
+        kwargs = gradient_checkpointing_kwargs(trainer.args)
+        model = trainer.model
+        if kwargs is not None and gradient_checkpointing_on(trainer.args) and getattr(model, "is_gradient_checkpointing", False):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(kwargs))
+
+    def on_init_end(self, args, state, control, **kwargs):
+        # Trainer(callbacks=[ZeroCallback()]): the Trainer is built, its engine is not
+        trainer = _trainer_calling(self)
+        if trainer is not None:
+            self.attach(trainer)
+
+    def state(self) -> dict:
+        """What the Trainer keeps of this callback in a checkpoint (ExportableState). The Trainer also asks for
+        it when train() starts, before it builds the engine: a callback added with add_callback prepares then."""
+        if self.trainer is None:
+            trainer = _trainer_calling(self)
+            if trainer is not None and getattr(trainer, "is_in_train", False):
+                self.attach(trainer)
+        return {"args": self.options, "attributes": {}}
 
     def _take_over_rotation(self, args) -> None:
         """The Trainer deletes old checkpoints right after writing a new one, before anything checked it;
@@ -220,8 +299,8 @@ class ZeroCallback(TrainerCallback):
         if deepspeed_config_of(args) is None and not args.deepspeed:
             return
         if self.trainer is None:
-            raise ConfigError("ZeroCallback cannot see the DeepSpeed engine when passed as callbacks=[...]. "
-                              "Fix: hf_zero.attach(trainer) after building the Trainer.")
+            raise ConfigError("ZeroCallback did not find the Trainer that runs it, so it could not prepare the run "
+                              "before the DeepSpeed engine was built. Fix: hf_zero.attach(trainer) after building the Trainer.")
         problems = []
         from deepspeed import DeepSpeedEngine
 
@@ -289,6 +368,19 @@ class ZeroCallback(TrainerCallback):
             model.config.use_cache = self._saved_use_cache
 
 
-def attach(trainer, **kwargs) -> ZeroCallback:
-    """Add a ZeroCallback to ``trainer`` (first in line) and run its pre-training checks."""
-    return ZeroCallback(**kwargs).attach(trainer)
+def attach(trainer, **options) -> ZeroCallback:
+    """Give ``trainer`` a ZeroCallback (first in line) and prepare its run; returns the callback.
+
+    A Trainer that already has one (from callbacks=[...] or add_callback) keeps it: ``options`` may only repeat
+    its settings."""
+    if not isinstance(trainer, Trainer):
+        raise TypeError(f"hf_zero.attach needs a transformers Trainer (or a subclass, e.g. TRL's), got "
+                        f"{type(trainer).__name__}")
+    existing = next((c for c in trainer.callback_handler.callbacks if isinstance(c, ZeroCallback)), None)
+    if existing is None:
+        return ZeroCallback(**options).attach(trainer)
+    differ = {k: v for k, v in options.items() if existing.options.get(k, v) != v or k not in existing.options}
+    if differ:
+        raise ConfigError(f"this Trainer has a ZeroCallback already, with {existing.options}; attach asked for "
+                          f"{differ}. Fix: pass the options to the one ZeroCallback(...) you give the Trainer.")
+    return existing.attach(trainer)

@@ -1,6 +1,9 @@
-"""TrainingArguments that accept a preset name for ``deepspeed`` and do the launch glue once."""
+"""TrainingArguments that accept a preset name for ``deepspeed`` and do the launch glue once: hf_zero's own
+class, and the same glue for any TrainingArguments class (TRL's SFTConfig, Seq2SeqTrainingArguments, yours)."""
 
+import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 
 import transformers
@@ -19,9 +22,9 @@ def accelerate_deepspeed_file():
     return None
 
 
-@dataclass
-class TrainingArguments(transformers.TrainingArguments):
-    """``transformers.TrainingArguments`` for DeepSpeed ZeRO runs that work the same everywhere.
+NVME_PATH_FIELD = field(default=None, metadata={"help": "Folder on a fast local disk for ZeRO-Infinity (zero3_nvme) offload."})
+_GLUE_DOC = """
+    hf_zero's launch glue, before the arguments compute anything:
 
     - ``deepspeed`` also takes a preset name ("zero3"), resolved to the shipped JSON;
     - the config is checked against DeepSpeed's own parser before any process group exists,
@@ -29,30 +32,80 @@ class TrainingArguments(transformers.TrainingArguments):
     - on a machine without a GPU it sets ``use_cpu=True`` (without it, 2 CPU ranks each train
       silently as world size 1) and refuses fp16, which DeepSpeed's CPU accelerator lacks;
     - it starts the process group (gloo on CPU, NCCL on GPU) before the Trainer computes batch
-      sizes, and fills RANK/WORLD_SIZE for a plain ``python train.py``.
-    """
+      sizes, and fills RANK/WORLD_SIZE for a plain ``python train.py``;
+    - ``nvme_path`` fills the NVMe folder of zero3_nvme.
+"""
 
-    nvme_path: str | None = field(
-        default=None,
-        metadata={"help": "Folder on a fast local disk for ZeRO-Infinity (zero3_nvme) offload."},
-    )
+
+def apply_launch_glue(args) -> None:
+    """The glue itself, on arguments whose own __post_init__ has not run yet."""
+    source = args.deepspeed if args.deepspeed is not None else accelerate_deepspeed_file()
+    if source is None:
+        return
+    on_cpu = not has_gpu()
+    config = load_config(source, nvme_path=getattr(args, "nvme_path", None))
+    if on_cpu and args.fp16:
+        raise ConfigError("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
+                          "Fix: use --bf16 (or no mixed precision) on CPU machines.")
+    if on_cpu:
+        drop_gpu_only_settings(config)
+    check_config(config, on_cpu=on_cpu, world_size=world_size(), source=source if isinstance(source, str) else None)
+    if on_cpu:
+        args.use_cpu = True
+    init_distributed()
+    if args.deepspeed is not None:
+        # A resolved dict: preset names and nvme_path are ours, the Trainer wants a path or dict.
+        args.deepspeed = config
+
+
+@dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """``transformers.TrainingArguments`` for DeepSpeed ZeRO runs that work the same everywhere.
+""" + _GLUE_DOC + """    """
+
+    nvme_path: str | None = NVME_PATH_FIELD
 
     def __post_init__(self):
-        source = self.deepspeed if self.deepspeed is not None else accelerate_deepspeed_file()
-        if source is not None:
-            on_cpu = not has_gpu()
-            config = load_config(source, nvme_path=self.nvme_path)
-            if on_cpu and self.fp16:
-                raise ConfigError("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
-                                  "Fix: use --bf16 (or no mixed precision) on CPU machines.")
-            if on_cpu:
-                drop_gpu_only_settings(config)
-            check_config(config, on_cpu=on_cpu, world_size=world_size(),
-                         source=source if isinstance(source, str) else None)
-            if on_cpu:
-                self.use_cpu = True
-            init_distributed()
-            if self.deepspeed is not None:
-                # A resolved dict: preset names and nvme_path are ours, the Trainer wants a path or dict.
-                self.deepspeed = config
+        apply_launch_glue(self)
         super().__post_init__()
+
+
+def has_launch_glue(args_class) -> bool:
+    return getattr(args_class, "_hf_zero_launch_glue", False)
+
+
+TrainingArguments._hf_zero_launch_glue = True
+
+
+def zero_arguments(args_class: type) -> type:
+    """``args_class`` (a TrainingArguments class: TRL's SFTConfig, DPOConfig, ..., Seq2SeqTrainingArguments, your own)
+    with hf_zero's launch glue, as a subclass; HfArgumentParser parses it as it parses the original.
+
+        SFTConfig = hf_zero.zero_arguments(trl.SFTConfig)
+        args = SFTConfig(output_dir="out", deepspeed="zero3", bf16=True)
+    """
+    if not (isinstance(args_class, type) and issubclass(args_class, transformers.TrainingArguments)):
+        raise TypeError(f"hf_zero.zero_arguments takes a TrainingArguments class (transformers.TrainingArguments, "
+                        f"TRL's SFTConfig, a subclass of yours), got {args_class!r}")
+    if has_launch_glue(args_class):
+        return args_class
+    if args_class is transformers.TrainingArguments:
+        return TrainingArguments
+    module = sys.modules[__name__]
+    name = f"Zero{args_class.__name__}"
+    glued = getattr(module, name, None)
+    if glued is not None and glued.__bases__ == (args_class,):
+        return glued
+
+    def __post_init__(self):
+        apply_launch_glue(self)
+        args_class.__post_init__(self)
+
+    fields = [] if "nvme_path" in args_class.__dataclass_fields__ else [("nvme_path", str | None, NVME_PATH_FIELD)]
+    glued = dataclasses.make_dataclass(name, fields, bases=(args_class,), namespace={
+        "__post_init__": __post_init__, "_hf_zero_launch_glue": True,
+        "__doc__": f"{args_class.__module__}.{args_class.__qualname__} with hf_zero's launch glue.\n" + _GLUE_DOC})
+    # Importable by name, so the Trainer can pickle the arguments into each checkpoint's training_args.bin
+    glued.__module__, glued.__qualname__ = __name__, name
+    setattr(module, name, glued)
+    return glued

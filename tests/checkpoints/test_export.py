@@ -73,6 +73,34 @@ def test_export_of_shards_only_zero3_matches_deepspeed_consolidation(gather_off_
     assert hf_zero_cli("verify", out).returncode == 0
 
 
+def test_export_keeps_the_trained_precision_by_default(gather_off_run, tmp_path):
+    """No --dtype: the run's own dtype (config.json), so every tensor equals DeepSpeed's consolidated weights."""
+    from transformers import AutoModelForCausalLM
+
+    trained = json.loads((gather_off_run / "config.json").read_text())["dtype"]
+    out = tmp_path / "exported"
+    proc = hf_zero_cli("export", gather_off_run, out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["dtype"] == trained
+    expected = consolidated(gather_off_run)
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype="auto").state_dict()
+    assert all(reloaded[name].dtype == getattr(torch, trained) for name in expected)
+    same = [name for name, tensor in expected.items() if torch.equal(reloaded[name], tensor.to(getattr(torch, trained)))]
+    assert len(same) == len(expected), f"{len(same)} of {len(expected)} tensors equal the trained weights"
+
+
+def test_trained_dtype_reads_config_json(tmp_path):
+    from hf_zero.checkpoints.export import trained_dtype
+
+    for name, short in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")):
+        (tmp_path / "config.json").write_text(json.dumps({"dtype": name}))
+        assert trained_dtype([tmp_path]) == short
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))  # older transformers' key
+    assert trained_dtype([tmp_path]) == "bf16"
+    (tmp_path / "config.json").write_text("{}")
+    assert trained_dtype([tmp_path]) == "fp32"  # the fp32 masters, exact
+
+
 def test_export_of_zero2_fp32_is_exact_and_drops_tied_copies(trained, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -82,11 +82,6 @@ def test_gather_off_is_turned_on_so_the_save_reloads(tiny_models, tmp_path):
     assert_reload_bitwise(tmp_path)
 
 
-def test_callback_passed_in_list_says_how_to_attach(tiny_models, tmp_path):
-    proc = run_worker(_args(tiny_models, tmp_path, "--callback-in-list", preset="zero2"), expect_fail=True)
-    assert "hf_zero.attach(trainer)" in proc.stderr
-
-
 def test_checkpoint_folders_verified_and_reloadable(trained):
     out = trained("llama", "zero3", 2, "--gc", "--save-steps", "2")
     from hf_zero import saved_model_problems

@@ -35,6 +35,13 @@ def build_args(opts):
         if common["deepspeed"] and not common["deepspeed"].endswith(".json"):
             common["deepspeed"] = str(hf_zero.preset_path(common["deepspeed"]))
         return transformers.TrainingArguments(**common)
+    if opts.args_class == "seq2seq":
+        # any TrainingArguments class, glued in one line; HfArgumentParser parses it like the original
+        args_class = hf_zero.zero_arguments(transformers.Seq2SeqTrainingArguments)
+        flags = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in common.items()
+                 if v is not None and not isinstance(v, list)] + ["--report_to", "none"]
+        [parsed] = transformers.HfArgumentParser(args_class).parse_args_into_dataclasses(flags)
+        return parsed
     return hf_zero.TrainingArguments(nvme_path=opts.nvme_path, **common)
 
 
@@ -121,9 +128,14 @@ def main():
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--gc", action="store_true")
     p.add_argument("--plain-args", action="store_true")
+    p.add_argument("--args-class", default="hf_zero", choices=["hf_zero", "seq2seq"],
+                   help="seq2seq: hf_zero.zero_arguments(Seq2SeqTrainingArguments), parsed by HfArgumentParser")
     p.add_argument("--load", default="after-args", choices=["after-args", "hf-zero", "whole"])
     p.add_argument("--no-attach", action="store_true")
     p.add_argument("--callback-in-list", action="store_true", help="Trainer(callbacks=[ZeroCallback()]) instead of attach")
+    p.add_argument("--callback", default=None, choices=["attach", "instance", "class", "add-callback", "twice"],
+                   help="how ZeroCallback reaches the Trainer: hf_zero.attach(trainer), callbacks=[ZeroCallback()], "
+                        "callbacks=[ZeroCallback], trainer.add_callback(ZeroCallback()), or two in the list")
     p.add_argument("--nvme-path", default=None)
     p.add_argument("--resume", default=None, help="'last' (hf_zero.prepare_resume finds it) or a checkpoint folder")
     p.add_argument("--plain-resume", default=None, help="trainer.train(resume_from_checkpoint=PATH), without hf_zero")
@@ -148,11 +160,15 @@ def main():
     partitioned_at_load = hf_zero.is_partitioned(model)
 
     data = RandomTokens(opts.task, model.config.vocab_size)
-    in_list = [hf_zero.ZeroCallback()] if opts.callback_in_list else None
+    mode = opts.callback or ("instance" if opts.callback_in_list else None if opts.no_attach else "attach")
+    in_list = {"instance": [hf_zero.ZeroCallback()], "class": [hf_zero.ZeroCallback], "twice": [hf_zero.ZeroCallback(), hf_zero.ZeroCallback()]}.get(mode)
     # a tokenizer saved beside the model goes into every checkpoint, as in a real fine-tune
     tokenizer = transformers.AutoTokenizer.from_pretrained(opts.model) if (Path(opts.model) / "tokenizer_config.json").exists() else None
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list, processing_class=tokenizer)
-    callback = None if opts.no_attach or in_list else hf_zero.attach(trainer)
+    if mode == "attach":
+        hf_zero.attach(trainer)
+    elif mode == "add-callback":
+        trainer.add_callback(hf_zero.ZeroCallback())
     logged = LoggedKeys()
     trainer.add_callback(logged)
     peak_states = PeakStateBytes(trainer)
@@ -163,6 +179,7 @@ def main():
     if opts.resume:
         resume = hf_zero.prepare_resume(trainer, True if opts.resume == "last" else opts.resume)
     trainer.train(resume_from_checkpoint=resume)
+    callback = next((c for c in trainer.callback_handler.callbacks if isinstance(c, hf_zero.ZeroCallback)), None)
 
     expected = hf_zero.gathered_state_dict(trainer.model)
     final = Path(opts.out) / "final"
@@ -184,6 +201,8 @@ def main():
             "peak_state_bytes": peak_states.peak,
             "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
             "warnings": callback.warnings if callback else [],
+            "zero_callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks].count("ZeroCallback"),
+            "first_callback": type(trainer.callback_handler.callbacks[0]).__name__,
             "compiled_block_forwards": sum(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")
                                            for m in trainer.model.modules()),
             "linear_is_torch": torch.nn.functional.linear is torch._C._nn.linear,
