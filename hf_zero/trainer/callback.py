@@ -18,6 +18,7 @@ from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_set
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..errors import CheckpointError, ConfigError
+from ..modeling import has_frozen_parameters
 from ..zero3.partitions import full_numel, is_partitioned, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
                                      set_gradient_checkpointing_kwargs)
@@ -260,7 +261,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if kwargs is None:
                 # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
                 set_gradient_checkpointing_kwargs(args, {"use_reentrant": False})
-            elif kwargs.get("use_reentrant", False) and self.stage == 3:
+            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model):
+                # (with frozen weights, e.g. TRL's PEFT runs, reentrant checkpointing is the known-good path)
                 self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
                            "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
         problems = peft_recompute_problems(model, args)

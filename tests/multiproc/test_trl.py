@@ -1,0 +1,90 @@
+"""TRL's SFTTrainer and DPOTrainer under the presets, on 2 CPU processes, launched as users launch them."""
+
+import json
+
+import pytest
+
+from conftest import REPO, assert_reload_bitwise, read_result, run_worker
+
+pytestmark = pytest.mark.multiproc
+TRL_WORKER = REPO / "tests" / "workers" / "train_trl.py"
+
+
+def _fell(losses):
+    return losses[-1] < losses[0]
+
+
+def test_sft_chat_with_assistant_only_loss_under_zero3_torchrun(tiny_models, tmp_path):
+    """hf_zero.zero_arguments(SFTConfig) and callbacks=[ZeroCallback()]: what a TRL script adds."""
+    out = tmp_path / "sft"
+    run_worker(["--model", tiny_models["llama_tok"], "--out", out, "--trainer", "sft", "--deepspeed", "zero3"],
+               nproc=2, script=TRL_WORKER)
+    result = read_result(out)
+    assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
+    assert 0 < result["trained_tokens"] < result["tokens"]  # the user turn is masked out of the loss
+    assert _fell(result["losses"])
+    assert_reload_bitwise(out)
+
+
+def _zero3_no_persistence(tmp_path):
+    """zero3 with every parameter partitioned (the tiny model's tensors are all under the persistence threshold)."""
+    from hf_zero import load_config
+
+    config = load_config("zero3", overrides={"zero_optimization.stage3_param_persistence_threshold": 0})
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    yaml = (REPO / "recipes" / "accelerate" / "zero3.yaml").read_text().replace("recipes/zero3.json", str(tmp_path / "ds.json"))
+    (tmp_path / "accelerate.yaml").write_text(yaml)
+    return tmp_path / "accelerate.yaml"
+
+
+def test_dpo_reference_model_is_partitioned_under_zero3_accelerate(tiny_models, tmp_path):
+    out = tmp_path / "dpo"
+    yaml = _zero3_no_persistence(tmp_path)
+    run_worker(["--model", tiny_models["llama_tok"], "--out", out, "--trainer", "dpo"], nproc=2,
+               launcher=f"accelerate:{yaml}", script=TRL_WORKER)
+    result = read_result(out)
+    assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2
+    assert result["ref_model"] == "DeepSpeedEngine" and result["ref_partitioned"]
+    # each rank holds half of the reference model, not a whole copy
+    assert result["ref_local_numel"] == 0 and result["ref_shard_numel"] <= result["ref_full_numel"] // 2 + 64
+    assert _fell(result["losses"])
+    assert_reload_bitwise(out)
+
+
+@pytest.mark.slow
+def test_dpo_reference_model_is_a_whole_copy_per_rank_under_zero2(tiny_models, tmp_path):
+    """TRL builds the reference as a stage-0 engine under ZeRO-1/2: its whole 16/32-bit weights on every GPU."""
+    out = tmp_path / "dpo2"
+    run_worker(["--model", tiny_models["llama_tok"], "--out", out, "--trainer", "dpo", "--deepspeed", "zero2",
+                "--callback", "attach"], nproc=2, script=TRL_WORKER)
+    result = read_result(out)
+    assert result["ref_model"] == "DeepSpeedEngine" and not result["ref_partitioned"]
+    assert result["ref_local_numel"] == result["ref_full_numel"]
+    assert _fell(result["losses"])
+    assert_reload_bitwise(out)
+
+
+@pytest.mark.slow
+def test_sft_lora_with_gradient_checkpointing_under_zero3_saves_a_full_adapter_and_merges(tiny_models, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "sft_lora"
+    run_worker(["--model", tiny_models["llama_tok"], "--out", out, "--trainer", "sft", "--deepspeed", "zero3", "--lora",
+                "--gc"], nproc=2, script=TRL_WORKER)
+    result = read_result(out)
+    assert _fell(result["losses"])
+    # TRL picks reentrant checkpointing for PEFT under ZeRO-3; right for this DeepSpeed, so hf_zero stays quiet
+    assert result["use_reentrant"] is True
+    assert not any("use_reentrant" in w for w in result["warnings"]), result["warnings"]
+    from hf_zero.lora import adapter_problems
+
+    assert adapter_problems(out / "adapter") == []
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    expected = load_file(str(out / "expected.safetensors"))
+    assert saved and len(saved) == len(expected)
+    assert all(t.numel() > 0 for t in saved.values())
+    assert any(t.abs().sum() > 0 for n, t in saved.items() if "lora_B" in n)  # lora_B starts at 0: it trained
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)
+    assert merged.config.architectures == ["LlamaForCausalLM"]
