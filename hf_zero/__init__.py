@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _PUBLIC = {
     "accelerate_config_path": "config.presets",
+    "accelerator": "accelerate_loop",
     "attach": "trainer.callback",
     "CheckpointError": "errors",
     "checkpoint_problems": "checkpoints.folders",
@@ -34,11 +35,13 @@ _PUBLIC = {
     "is_partitioned": "zero3.partitions",
     "last_good_checkpoint": "checkpoints.folders",
     "load_config": "config.presets",
+    "prepare": "accelerate_loop",
     "prepare_resume": "checkpoints.resume",
     "preset_descriptions": "config.presets",
     "preset_path": "config.presets",
     "recipe_path": "config.presets",
     "release_zero3_config": "zero3.loading",
+    "save_pretrained": "accelerate_loop",
     "saved_model_problems": "checkpoints.saved_models",
     "shutdown": "distributed",
     "TrainingArguments": "trainer.training_args",

@@ -170,7 +170,7 @@ def export(checkpoint, out, *, dtype: str | None = None, max_shard_size="5GB", o
                               "the model folder this run trained.")
         n_tensors = len(state_dict)
         shards = _write_shards(state_dict, staging, dtype, max_shard_size)
-        _replace(staging, out)
+        replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -178,7 +178,7 @@ def export(checkpoint, out, *, dtype: str | None = None, max_shard_size="5GB", o
             "dtype": dtype, "tensors": n_tensors, "shards": shards, "tied_dropped": dropped, "copied": copied}
 
 
-def _replace(staging: Path, out: Path) -> None:
+def replace_folder(staging: Path, out: Path) -> None:
     """Move the finished export into place; an old ``out`` is removed only after the new one is there."""
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")

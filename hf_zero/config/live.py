@@ -71,3 +71,14 @@ def keep_torch_linear(config: dict) -> str:
     """Keep zero.Init from replacing torch's F.linear with DeepSpeed's memory-efficient linear."""
     config.setdefault("zero_optimization", {})["memory_efficient_linear"] = False
     return "zero_optimization.memory_efficient_linear set to false: torch's own F.linear stays"
+
+
+def fill_adam_hyperparameters(config: dict, *, betas, eps) -> list:
+    """Fill the optimizer block's "auto" betas/eps, which the Trainer fills and Accelerate does not; returns notes."""
+    params = (config.get("optimizer") or {}).get("params") or {}
+    notes = []
+    for key, value in (("betas", list(betas)), ("eps", eps)):
+        if params.get(key) == "auto":
+            params[key] = value
+            notes.append(f"optimizer.params.{key} set to {value} (was \"auto\")")
+    return notes

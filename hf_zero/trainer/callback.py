@@ -17,9 +17,10 @@ from ..config.dotted import get_dotted, offload_devices
 from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
+from ..engine_checks import engine_problems, training_alone
 from ..errors import CheckpointError, ConfigError
 from ..modeling import has_frozen_parameters
-from ..zero3.partitions import full_numel, is_partitioned, is_zero3_param
+from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
                                      set_gradient_checkpointing_kwargs)
 from .memory import all_ranks_memory
@@ -53,13 +54,6 @@ def _half_dtype(config: dict, args):
         if enabled is True or (enabled == "auto" and getattr(args, flag, False)):
             return dtype
     return None
-
-
-def _training_alone(seen: int, launched: int, who: str) -> str:
-    return (f"{who} trains on a data-parallel world size of {seen}, but {launched} processes were launched: "
-            "the ranks would not train together. Fix: on a CPU machine pass use_cpu=True to TrainingArguments and "
-            "start the process group before them (hf_zero.init_distributed()); hf_zero.TrainingArguments does both, "
-            "and hf_zero.zero_arguments(YourArgumentsClass) gives any arguments class (TRL's SFTConfig, ...) the same.")
 
 
 def single_process_note(config: dict, stage, ranks: int) -> str | None:
@@ -225,7 +219,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if config is None:
             return
         if args.world_size != world_size():
-            raise ConfigError(_training_alone(args.world_size, world_size(), "the Trainer"))
+            raise ConfigError(training_alone(args.world_size, world_size(), "the Trainer"))
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)
@@ -303,21 +297,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if self.trainer is None:
             raise ConfigError("ZeroCallback did not find the Trainer that runs it, so it could not prepare the run "
                               "before the DeepSpeed engine was built. Fix: hf_zero.attach(trainer) after building the Trainer.")
-        problems = []
-        from deepspeed import DeepSpeedEngine
-
-        engine = self.trainer.model_wrapped
         launched = world_size()
-        if not isinstance(engine, DeepSpeedEngine):
-            cpu_hint = (" ACCELERATE_USE_CPU is set, which swaps DeepSpeed for plain DDP on CPU: unset it and pass "
-                        "use_cpu=True (hf_zero.TrainingArguments does)." if os.environ.get("ACCELERATE_USE_CPU") else "")
-            problems.append(f"a DeepSpeed config is set, but the model is driven by {type(engine).__name__}, "
-                            f"not a DeepSpeedEngine.{cpu_hint}")
-        else:
-            if engine.dp_world_size != launched:
-                problems.append(_training_alone(engine.dp_world_size, launched, "the DeepSpeed engine"))
-            if self.stage == 3 and not is_partitioned(model):
-                problems.append("stage 3 is configured but the parameters are not partitioned (zero.Init did not run).")
+        problems = engine_problems(self.trainer.model_wrapped, model, self.stage, launched)
         if problems:
             raise ConfigError(problems)
         if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):

@@ -116,3 +116,12 @@ def test_a_glued_seq2seq_arguments_class_trains_zero3_on_two_cpu_ranks(tiny_mode
     result = read_result(out)
     assert result["dp_world_size"] == 2 and result["partitioned_at_load"] is True
     assert_reload_bitwise(out)
+
+
+@pytest.mark.parametrize("name", ["SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig"])
+def test_zero_arguments_glues_trls_configs_and_the_parser_still_parses_them(name, tmp_path):
+    import trl  # the test extra: a missing TRL fails here, it does not skip
+    glued = hf_zero.zero_arguments(getattr(trl, name))
+    [args] = transformers.HfArgumentParser(glued).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--deepspeed", "zero3", "--report_to", "none"])
+    assert isinstance(args, getattr(trl, name)) and args.deepspeed["zero_optimization"]["stage"] == 3

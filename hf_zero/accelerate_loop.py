@@ -1,0 +1,168 @@
+"""hf_zero in a user's own Accelerate loop: an Accelerator DeepSpeed really drives, the "auto" values only the
+Trainer fills, the Trainer's checks, and a save that reloads with ``from_pretrained``.
+
+    accelerator = hf_zero.accelerator()          # accelerate launch --config_file recipes/accelerate/zero3.yaml
+    model = AutoModelForCausalLM.from_pretrained(path)   # partitioned by zero.Init under ZeRO-3
+    optimizer = accelerate.utils.DummyOptim(model.parameters(), lr=1e-4)   # the preset's DeepSpeed AdamW
+    model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader)
+    ...  # the loop: accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
+    hf_zero.save_pretrained(accelerator, model, "out/final", tokenizer)   # every rank calls it
+"""
+
+import logging
+import shutil
+import weakref
+from datetime import timedelta
+from pathlib import Path
+
+from .checkpoints.export import replace_folder
+from .checkpoints.saved_models import saved_model_problems
+from .config.dotted import zero_stage
+from .config.findings import TRAINER_AUTO_KEYS
+from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
+from .config.validate import check_config
+from .distributed import from_rank0, has_gpu, is_distributed, world_size
+from .engine_checks import engine_problems, training_alone
+from .errors import CheckpointError, ConfigError
+
+logger = logging.getLogger("hf_zero")
+
+# Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
+_SAVE_GROUPS = weakref.WeakKeyDictionary()
+SAVE_ARRIVAL_TIMEOUT_S = 120
+
+
+def _launched_with_deepspeed() -> bool:
+    import os
+
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+
+
+def accelerator(**kwargs):
+    """``accelerate.Accelerator(**kwargs)`` that DeepSpeed drives on GPU and CPU machines alike.
+
+    On a CPU machine under ``accelerate launch`` with a DeepSpeed config, Accelerate alone gives each rank a world of
+    one; the process state is started on the CPU first (gloo), as the Trainer does with ``use_cpu=True``. Then the
+    live DeepSpeed config is checked and fixed as ZeroCallback does for the Trainer (see ``prepare``)."""
+    from accelerate import Accelerator, PartialState
+
+    if _launched_with_deepspeed() and not has_gpu():
+        PartialState(cpu=True)
+    made = Accelerator(**kwargs)
+    plugin = made.state.deepspeed_plugin
+    if plugin is not None:
+        for note in fix_loop_config(plugin.deepspeed_config):
+            logger.warning("hf_zero: %s", note)
+        if is_distributed():
+            import torch.distributed as dist
+
+            # gloo for this handshake even on GPUs: NCCL has no monitored barrier
+            _SAVE_GROUPS[made] = dist.new_group(backend="gloo", timeout=timedelta(seconds=SAVE_ARRIVAL_TIMEOUT_S))
+    return made
+
+
+def fix_loop_config(config: dict) -> list:
+    """The fixes ZeroCallback makes for the Trainer, on an Accelerate loop's live config; returns notes."""
+    notes = []
+    if not has_gpu():
+        notes += drop_gpu_only_settings(config)
+    note = gather_weights_on_save(config)
+    if note:
+        notes.append(note)
+    # "auto" keys Accelerate fills are the Trainer's too; what it leaves is said when prepare fills it
+    check_config(config, on_cpu=not has_gpu(), world_size=world_size())
+    return notes
+
+
+def _with_preset_optimizer(config: dict, optimizer, params_of):
+    """A DummyOptim (or, for a torch Adam/AdamW, one with its hyperparameters) for the config's optimizer block, with
+    the "auto" betas/eps Accelerate does not fill taken from it (torch's AdamW defaults when it names none)."""
+    import torch
+    from accelerate.utils import DummyOptim
+
+    if "optimizer" not in config or optimizer is None:
+        return optimizer
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            raise ConfigError(f"the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes "
+                              f"{type(optimizer).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), "
+                              "lr=...), or remove the config's optimizer block to train with your own optimizer.")
+        defaults = optimizer.defaults
+        optimizer = DummyOptim(params_of(optimizer), lr=defaults["lr"], weight_decay=defaults.get("weight_decay", 0.0),
+                               betas=defaults.get("betas"), eps=defaults.get("eps"))
+    if isinstance(optimizer, DummyOptim):
+        extra = optimizer.kwargs
+        for note in fill_adam_hyperparameters(config, betas=extra.get("betas") or TRAINER_AUTO_KEYS["optimizer.params.betas"],
+                                              eps=extra.get("eps") or TRAINER_AUTO_KEYS["optimizer.params.eps"]):
+            logger.info("hf_zero: %s", note)
+    return optimizer
+
+
+def prepare(accelerator, model, *objects):
+    """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
+    model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
+
+    The optimizer among ``objects`` may be a DummyOptim (its betas/eps kwargs fill the config's "auto" ones, torch's
+    defaults otherwise) or a torch Adam/AdamW, whose hyperparameters then configure the preset's DeepSpeed AdamW."""
+    import torch
+
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return accelerator.prepare(model, *objects)
+    config = plugin.deepspeed_config
+    if accelerator.num_processes != world_size():
+        # Accelerate sized the batch for its own world; DeepSpeed would assert on it inside prepare
+        raise ConfigError(training_alone(accelerator.num_processes, world_size(), "the Accelerator"))
+    for note in fix_loop_config(config):  # already done by hf_zero.accelerator(); a plain Accelerator gets it here
+        logger.warning("hf_zero: %s", note)
+    from accelerate.utils import DummyOptim
+
+    objects = list(objects)
+    for i, obj in enumerate(objects):
+        if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
+            objects[i] = _with_preset_optimizer(config, obj, lambda o: [p for g in o.param_groups for p in g["params"]])
+    prepared = accelerator.prepare(model, *objects)
+    engine = prepared[0] if isinstance(prepared, tuple) else prepared
+    problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size())
+    if problems:
+        raise ConfigError(problems)
+    return prepared
+
+
+def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arrival_timeout_s: float = SAVE_ARRIVAL_TIMEOUT_S) -> Path:
+    """Save the trained model (gathered 16-bit weights under ZeRO-3) as a ``from_pretrained`` folder; every rank calls it.
+
+    The folder is written beside ``out_dir`` and moved into place only once it is verified to reload (weights
+    present, no zero-size tensors, shapes match), so a failed save never replaces a good folder. A rank that does not
+    call it (a save under ``if accelerator.is_main_process:``) is found before anything is gathered or written: the
+    ranks wait ``arrival_timeout_s`` for each other (Accelerators from ``hf_zero.accelerator()``)."""
+    out_dir = Path(out_dir)
+    group = _SAVE_GROUPS.get(accelerator)
+    if group is not None:
+        import torch.distributed as dist
+
+        try:
+            dist.monitored_barrier(group=group, timeout=timedelta(seconds=arrival_timeout_s), wait_all_ranks=True)
+        except RuntimeError as e:
+            raise CheckpointError(f"hf_zero.save_pretrained waits for every rank (it gathers ZeRO-3's shards), but not "
+                                  f"all ranks called it within {arrival_timeout_s:g} s ({str(e).splitlines()[0]}). "
+                                  "Nothing was written. Fix: call it on every rank, not under "
+                                  "`if accelerator.is_main_process:`.") from None
+    state = accelerator.get_state_dict(model)  # a collective: gathers ZeRO-3's 16-bit weights to rank 0
+    unwrapped = accelerator.unwrap_model(model)
+    problems = []
+    if accelerator.is_main_process:
+        staging = out_dir.with_name(f".{out_dir.name}.saving")
+        shutil.rmtree(staging, ignore_errors=True)
+        unwrapped.save_pretrained(str(staging), state_dict=state, safe_serialization=True)
+        if processing_class is not None:
+            processing_class.save_pretrained(str(staging))
+        problems = saved_model_problems(staging, unwrapped)
+        if problems:
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            replace_folder(staging, out_dir)
+    problems = from_rank0(problems)
+    if problems:
+        raise CheckpointError("hf_zero: the saved model would not reload (nothing was replaced): " + " ".join(problems))
+    return out_dir

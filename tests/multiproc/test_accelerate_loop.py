@@ -1,0 +1,50 @@
+"""A user's own Accelerate loop with the shipped YAMLs: hf_zero.accelerator(), hf_zero.prepare, hf_zero.save_pretrained."""
+
+import pytest
+
+from conftest import REPO, assert_reload_bitwise, read_result, run_worker
+
+pytestmark = pytest.mark.multiproc
+LOOP_WORKER = REPO / "tests" / "workers" / "train_accelerate.py"
+
+
+def _run(tiny_models, out, yaml, *flags, expect_fail=False):
+    return run_worker(["--model", tiny_models["llama"], "--out", out, *flags], nproc=2,
+                      launcher=f"accelerate:recipes/accelerate/{yaml}.yaml", script=LOOP_WORKER, expect_fail=expect_fail)
+
+
+def test_zero3_loop_trains_partitioned_and_saves_a_model_that_reloads_bitwise(tiny_models, tmp_path):
+    out = tmp_path / "loop"
+    _run(tiny_models, out, "zero3")
+    result = read_result(out)
+    assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
+    assert result["betas"] == [0.9, 0.999] and result["eps"] == 1e-8  # what the Trainer would have filled
+    assert result["losses"][-1] < result["losses"][0]
+    assert_reload_bitwise(out)
+
+
+@pytest.mark.slow
+def test_zero2_loop_with_a_torch_adamw_keeps_its_hyperparameters(tiny_models, tmp_path):
+    out = tmp_path / "loop"
+    _run(tiny_models, out, "zero2", "--optimizer", "torch")
+    result = read_result(out)
+    assert result["betas"] == [0.9, 0.95] and result["eps"] == 1e-6
+    assert result["dp_world_size"] == 2 and result["losses"][-1] < result["losses"][0]
+    assert_reload_bitwise(out)
+
+
+def test_a_save_on_one_rank_only_is_refused_and_writes_nothing(tiny_models, tmp_path):
+    out = tmp_path / "loop"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "config.json").write_text("{}")  # an earlier save, which must survive
+    proc = _run(tiny_models, out, "zero3", "--save-on-main-only", expect_fail=True)
+    assert "not all ranks called it" in proc.stderr and "is_main_process" in proc.stderr
+    assert sorted(p.name for p in (out / "final").iterdir()) == ["config.json"]
+
+
+def test_a_plain_accelerator_on_cpu_is_stopped_before_ranks_train_alone(tiny_models, tmp_path):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a CPU-machine pitfall: on GPUs a plain Accelerator is right")
+    proc = _run(tiny_models, tmp_path / "loop", "zero2", "--plain-accelerator", expect_fail=True)
+    assert "data-parallel world size of 1, but 2 processes were launched" in proc.stderr
+    assert "hf_zero.accelerator()" in proc.stderr

@@ -1,0 +1,81 @@
+"""A user's own Accelerate loop with hf_zero, launched with a shipped Accelerate YAML:
+
+    accelerate launch --config_file recipes/accelerate/zero3.yaml tests/workers/train_accelerate.py --model M --out O
+
+Rank 0 writes result.json and the engine's gathered weights (expected.safetensors) next to the saved model.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from accelerate.utils import DummyOptim
+from transformers import AutoModelForCausalLM
+
+import hf_zero
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--optimizer", choices=["dummy", "torch"], default="dummy")
+    p.add_argument("--save-on-main-only", action="store_true", help="the classic mistake: save under is_main_process")
+    p.add_argument("--plain-accelerator", action="store_true", help="accelerate.Accelerator() instead of hf_zero's")
+    opts = p.parse_args()
+
+    if opts.plain_accelerator:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+    else:
+        accelerator = hf_zero.accelerator()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32)  # zero.Init under the zero3 YAML
+    partitioned_at_load = hf_zero.is_partitioned(model)
+    g = torch.Generator().manual_seed(0)
+    # a few sequences seen again and again, so a few steps visibly lower the loss
+    ids = torch.randint(3, model.config.vocab_size, (4, 16), generator=g).repeat(opts.steps * accelerator.num_processes, 1)
+    loader = torch.utils.data.DataLoader([{"input_ids": i, "labels": i.clone()} for i in ids], batch_size=2)
+    if opts.optimizer == "dummy":
+        optimizer = DummyOptim(model.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+    model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader)
+    losses = []
+    model.train()
+    for step, batch in enumerate(loader):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+        if step + 1 == opts.steps:
+            break
+
+    out = Path(opts.out)
+    expected = hf_zero.gathered_state_dict(accelerator.unwrap_model(model))  # a collective: every rank enters
+    if opts.save_on_main_only:
+        if accelerator.is_main_process:
+            hf_zero.save_pretrained(accelerator, model, out / "final", arrival_timeout_s=10)
+    else:
+        hf_zero.save_pretrained(accelerator, model, out / "final")
+    if accelerator.is_main_process:
+        from safetensors.torch import save_file
+
+        save_file(expected, str(out / "expected.safetensors"))
+        config = accelerator.state.deepspeed_plugin.deepspeed_config
+        result = {"losses": losses, "engine": type(model).__name__, "dp_world_size": model.dp_world_size,
+                  "partitioned_at_load": partitioned_at_load, "betas": config["optimizer"]["params"]["betas"],
+                  "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+    accelerator.wait_for_everyone()
+    hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
