@@ -22,7 +22,7 @@ from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
 from .config.validate import check_config
 from .distributed import from_rank0, has_gpu, is_distributed, world_size
-from .engine_checks import engine_problems, training_alone
+from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .errors import CheckpointError, ConfigError
 
 logger = logging.getLogger("hf_zero")
@@ -123,7 +123,8 @@ def prepare(accelerator, model, *objects):
             objects[i] = _with_preset_optimizer(config, obj, lambda o: [p for g in o.param_groups for p in g["params"]])
     prepared = accelerator.prepare(model, *objects)
     engine = prepared[0] if isinstance(prepared, tuple) else prepared
-    problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size())
+    sp, tp = parallel_sizes(config, getattr(accelerator, "parallelism_config", None))
+    problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
     if problems:
         raise ConfigError(problems)
     return prepared

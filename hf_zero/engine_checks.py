@@ -3,7 +3,43 @@
 
 import os
 
+from .config.dotted import get_dotted
 from .zero3.partitions import is_partitioned
+
+
+def parallel_sizes(config: dict, parallelism_config=None) -> tuple:
+    """(sequence-parallel, tensor-parallel) degrees of a run: Accelerate's ParallelismConfig(sp_backend="deepspeed",
+    sp_size=N) for DeepSpeed's Ulysses, the config's tensor_parallel.autotp_size for AutoTP. Data parallelism is
+    what is left: world / (sp x tp)."""
+    sp = 1
+    if parallelism_config is not None and getattr(parallelism_config, "sp_backend", None) == "deepspeed":
+        sp = getattr(parallelism_config, "sp_size", None) or 1
+    tp = get_dotted(config, "tensor_parallel.autotp_size", 1) or 1
+    return int(sp), int(tp)
+
+
+def layout_problems(launched: int, sp: int = 1, tp: int = 1, attention_heads: int | None = None) -> list:
+    """Sequence/tensor-parallel degrees the launched world (and the model) cannot be split into."""
+    problems = []
+    if launched % (sp * tp):
+        problems.append(f"{launched} processes cannot be split into groups of sequence parallel {sp} x tensor parallel "
+                        f"{tp}. Fix: launch a multiple of {sp * tp} processes, or pick sizes that divide {launched}.")
+    if sp > 1 and attention_heads and attention_heads % sp:
+        problems.append(f"sequence parallel size {sp} does not divide the model's {attention_heads} attention heads "
+                        "(Ulysses gives each rank whole heads). Fix: an sp_size that divides the head count.")
+    return problems
+
+
+def data_parallel_problems(seen: int, launched: int, sp: int = 1, tp: int = 1) -> list:
+    """The engine's data-parallel size against the launched world divided by sequence and tensor parallelism."""
+    expected = launched // (sp * tp)
+    if seen == expected:
+        return []
+    if sp * tp == 1:
+        return [training_alone(seen, launched, "the DeepSpeed engine")]
+    return [f"the DeepSpeed engine trains on a data-parallel world size of {seen}, but {launched} processes with "
+            f"sequence parallel {sp} x tensor parallel {tp} make {expected}: the ranks would not train together as "
+            "configured. Fix: on a CPU machine pass use_cpu=True (hf_zero.TrainingArguments does it)."]
 
 
 def training_alone(seen: int, launched: int, who: str) -> str:
@@ -14,7 +50,7 @@ def training_alone(seen: int, launched: int, who: str) -> str:
             "in your own Accelerate loop, build the Accelerator with hf_zero.accelerator().")
 
 
-def engine_problems(engine, model, stage, launched: int) -> list:
+def engine_problems(engine, model, stage, launched: int, *, sp: int = 1, tp: int = 1) -> list:
     """Why ``engine`` (what wraps the model after prepare) is not the DeepSpeed run the config describes; []."""
     from deepspeed import DeepSpeedEngine
 
@@ -23,9 +59,7 @@ def engine_problems(engine, model, stage, launched: int) -> list:
                     "use_cpu=True (hf_zero.TrainingArguments does)." if os.environ.get("ACCELERATE_USE_CPU") else "")
         return [f"a DeepSpeed config is set, but the model is driven by {type(engine).__name__}, "
                 f"not a DeepSpeedEngine.{cpu_hint}"]
-    problems = []
-    if engine.dp_world_size != launched:
-        problems.append(training_alone(engine.dp_world_size, launched, "the DeepSpeed engine"))
+    problems = data_parallel_problems(engine.dp_world_size, launched, sp, tp)
     if stage == 3 and not is_partitioned(model):
         problems.append("stage 3 is configured but the parameters are not partitioned (zero.Init did not run).")
     return problems

@@ -17,6 +17,9 @@ def add_parser(subparsers):
                               description="Report every problem in a DeepSpeed config at once. Exit 1 on errors, 0 otherwise.")
     p.add_argument("config", help="preset name or path to a DeepSpeed JSON file")
     p.add_argument("--world-size", type=int, default=1, help="processes the run will have (nodes x processes per node)")
+    p.add_argument("--sequence-parallel", type=int, default=1, metavar="N",
+                   help="Ulysses sequence-parallel size (Accelerate's ParallelismConfig sp_size); the batch is split "
+                        "over world / (N x tensor_parallel.autotp_size) ranks")
     p.add_argument("--args", metavar="JSON", help="TrainingArguments as JSON (e.g. from args.to_json_string())")
     p.add_argument("--model", help="model folder, config.json, or Hub id: compare its dtype with the config")
     p.add_argument("--cpu", action="store_true", default=None, help="check for a CPU-only machine (default: this machine)")
@@ -44,6 +47,9 @@ def _model_config(model) -> dict:
 
 
 def run(args) -> int:
+    for flag in ("world_size", "sequence_parallel"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     config = load_config(args.config, nvme_path=args.nvme_path)
     trainer_args = read_json_object(args.args, "--args") if args.args else None
     model_config = _model_config(args.model) if args.model else None
@@ -51,7 +57,8 @@ def run(args) -> int:
     # DeepSpeed logs to stdout; keep stdout for the report (and --json) alone.
     with contextlib.redirect_stdout(sys.stderr):
         findings = validate_config(config, on_cpu=on_cpu, world_size=args.world_size, trainer_fills_auto=not args.raw,
-                                   model_config=model_config, trainer_args=trainer_args, environment=not args.no_env)
+                                   model_config=model_config, trainer_args=trainer_args, environment=not args.no_env,
+                                   sequence_parallel=args.sequence_parallel)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     elif not findings:

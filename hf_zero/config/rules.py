@@ -28,6 +28,15 @@ class CheckContext:
     trainer_fills_auto: bool = True
     model_config: dict = field(default_factory=dict)
     trainer_args: dict = field(default_factory=dict)
+    sequence_parallel: int = 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The ranks that split the batch: the world divided by sequence and tensor parallelism (DeepSpeed's own
+        batch assertion counts these)."""
+        tp = get_dotted(self.config, "tensor_parallel.autotp_size", 1)
+        tp = tp if isinstance(tp, int) and tp > 0 else 1
+        return max(1, self.world_size // (self.sequence_parallel * tp))
 
     @property
     def zero(self) -> dict:
@@ -56,10 +65,12 @@ def _batch(context):
     found = []
     train, micro, accumulation = (config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                                             "gradient_accumulation_steps"))
-    if all(isinstance(v, int) for v in (train, micro, accumulation)) and train != micro * accumulation * context.world_size:
+    data_parallel = context.data_parallel_size
+    if all(isinstance(v, int) for v in (train, micro, accumulation)) and train != micro * accumulation * data_parallel:
         found.append(Finding("batch-arithmetic", "error",
                              f"train_batch_size {train} != micro batch {micro} x gradient accumulation {accumulation} "
-                             f"x world size {context.world_size}.",
+                             f"x data-parallel size {data_parallel}"
+                             + (f" (world {context.world_size} / sequence and tensor parallelism)." if data_parallel != context.world_size else "."),
                              'set the three batch keys to "auto" under the Trainer, or make them multiply out.'))
     args = context.trainer_args
     for key, arg in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),

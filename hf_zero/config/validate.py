@@ -8,7 +8,8 @@ from .schema import schema_findings
 
 
 def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, trainer_fills_auto: bool = True,
-                    model_config: dict | None = None, trainer_args: dict | None = None, environment: bool = False) -> list:
+                    model_config: dict | None = None, trainer_args: dict | None = None, environment: bool = False,
+                    sequence_parallel: int = 1) -> list:
     """Every finding for a DeepSpeed config; an empty list means it is sound.
 
     ``model_config`` (a config.json as a dict) and ``trainer_args`` (TrainingArguments as a dict)
@@ -16,7 +17,8 @@ def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, 
     checks of this process's environment (variables, compiler).
     """
     context = CheckContext(config, on_cpu=on_cpu, world_size=world_size, trainer_fills_auto=trainer_fills_auto,
-                           model_config=model_config or {}, trainer_args=trainer_args or {})
+                           model_config=model_config or {}, trainer_args=trainer_args or {},
+                           sequence_parallel=sequence_parallel)
     findings = config_findings(context)
     filled = fill_auto(config)
     if not any(k in filled for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):

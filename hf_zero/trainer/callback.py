@@ -17,7 +17,7 @@ from ..config.dotted import get_dotted, offload_devices
 from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
-from ..engine_checks import engine_problems, training_alone
+from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
 from ..errors import CheckpointError, ConfigError
 from ..modeling import has_frozen_parameters
 from ..zero3.partitions import full_numel, is_zero3_param
@@ -220,10 +220,16 @@ class ZeroCallback(TrainerCallback, ExportableState):
             return
         if args.world_size != world_size():
             raise ConfigError(training_alone(args.world_size, world_size(), "the Trainer"))
+        sp, tp = parallel_sizes(config, getattr(args, "parallelism_config", None))
+        heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+        problems = layout_problems(world_size(), sp, tp, heads)
+        if problems:
+            raise ConfigError(problems)
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)
-        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True):
+        for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True,
+                                    sequence_parallel=sp):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))
         self.stage = get_dotted(config, "zero_optimization.stage", 0)
@@ -298,7 +304,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError("ZeroCallback did not find the Trainer that runs it, so it could not prepare the run "
                               "before the DeepSpeed engine was built. Fix: hf_zero.attach(trainer) after building the Trainer.")
         launched = world_size()
-        problems = engine_problems(self.trainer.model_wrapped, model, self.stage, launched)
+        sp, tp = parallel_sizes(deepspeed_config_of(args) or {}, getattr(args, "parallelism_config", None))
+        problems = engine_problems(self.trainer.model_wrapped, model, self.stage, launched, sp=sp, tp=tp)
         if problems:
             raise ConfigError(problems)
         if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):

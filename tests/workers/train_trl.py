@@ -11,7 +11,6 @@ from pathlib import Path
 
 import datasets
 import torch
-import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_zero
