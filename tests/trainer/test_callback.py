@@ -149,3 +149,83 @@ def test_compile_finds_the_outermost_repeated_blocks_only():
     model = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.ModuleList([Block() for _ in range(4)]))
     assert [type(b) for b in repeated_blocks(model)] == [Block] * 4
     assert repeated_blocks(torch.nn.Linear(2, 2)) == []
+
+
+# ---- attach-time checks, one process, no engine (tests/workers/attach_checks.py, ~6 s for all) ----------
+
+ATTACH_WORKER = __import__("conftest").REPO / "tests" / "workers" / "attach_checks.py"
+SHARDS_NOTHING = "on a single process shards nothing"  # said in every 1-process ZeRO run; not what these test
+
+
+@pytest.fixture(scope="module")
+def attach_checks(tiny_models, tmp_path_factory):
+    # peft is in the test extra: the worker imports it, and fails (not skips) without it
+    out = tmp_path_factory.mktemp("attach_checks")
+    run_worker(["--model", tiny_models["llama"], "--out", out], script=ATTACH_WORKER, timeout=300)
+    results = json.loads((out / "attach_checks.json").read_text())
+
+    def scenario(name):
+        result = dict(results[name])
+        result["warnings"] = [w for w in result["warnings"] if SHARDS_NOTHING not in w]
+        return result
+
+    return scenario
+
+
+GPU_ONLY_NOTE = "stage3_module_granularity_threshold set to 0: DeepSpeed's leaf-module fast path works only on GPUs"
+
+
+@cpu_only
+def test_gpu_only_setting_dropped_on_cpu_is_said(attach_checks):
+    # transformers' own TrainingArguments keep the preset's leaf-module threshold; the callback drops it on CPU
+    result = attach_checks("gpu_only_dropped")
+    assert result["warnings"] == [GPU_ONLY_NOTE] and result["leaf_threshold"] == 0
+
+
+def test_quiet_about_gpu_only_settings_when_the_config_has_none(attach_checks):
+    assert attach_checks("gpu_only_absent") == {"warnings": [], "error": None}
+
+
+def test_config_warnings_are_passed_on(attach_checks):
+    assert attach_checks("finding_warning")["warnings"] == [
+        "stage 2 ignores the stage-3 keys stage3_param_persistence_threshold. "
+        "Fix: remove them, or set stage 3 if that was meant."]
+
+
+def test_quiet_config_warnings_on_a_sound_config(attach_checks):
+    assert attach_checks("finding_none") == {"warnings": [], "error": None}
+
+
+REENTRANT = "gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile"
+
+
+def test_warns_about_reentrant_checkpointing_under_zero3(attach_checks):
+    [warning] = attach_checks("reentrant_zero3")["warnings"]
+    assert warning.startswith(REENTRANT) and "'use_reentrant': False" in warning
+
+
+@pytest.mark.parametrize("name", ["reentrant_zero2", "non_reentrant_zero3"])
+def test_quiet_about_reentrant_checkpointing_below_stage3_or_when_off(attach_checks, name):
+    assert attach_checks(name) == {"warnings": [], "error": None}
+
+
+def test_gather_off_refused_when_not_forced_on(attach_checks):
+    result = attach_checks("no_force_gather_off")
+    assert result["error"].startswith("stage 3 with stage3_gather_16bit_weights_on_model_save off: every saved model "
+                                      "would be ZeRO shards")
+
+
+def test_quiet_gather_not_forced_but_already_on(attach_checks):
+    assert attach_checks("no_force_gather_on") == {"warnings": [], "error": None}
+
+
+def test_adapters_cast_to_the_bf16_base_by_default(attach_checks):
+    result = attach_checks("cast_adapters")
+    [note] = result["warnings"]
+    assert note.startswith("cast 8 trainable fp32 tensors") and "to torch.bfloat16" in note
+    assert result["adapter_dtypes"] == ["torch.bfloat16"]
+
+
+def test_quiet_adapters_kept_fp32_with_cast_adapters_false(attach_checks):
+    result = attach_checks("keep_adapters")
+    assert result["warnings"] == [] and result["error"] is None and result["adapter_dtypes"] == ["torch.float32"]
