@@ -95,14 +95,14 @@ def read_result(out: Path) -> dict:
     return json.loads((Path(out) / "result.json").read_text())
 
 
-def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM"):
-    """from_pretrained(out/final) in this clean process holds exactly the engine's gathered weights."""
+def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM", folder="final"):
+    """from_pretrained(out/folder) in this clean process holds exactly the engine's gathered weights (at the end)."""
     import torch
     import transformers
     from safetensors.torch import load_file
 
     expected = load_file(str(Path(out) / "expected.safetensors"))
-    model = getattr(transformers, model_class_name).from_pretrained(str(Path(out) / "final"), dtype="auto")
+    model = getattr(transformers, model_class_name).from_pretrained(str(Path(out) / folder), dtype="auto")
     reloaded = model.state_dict()
     assert expected, "no gathered weights were written"
     for name, tensor in expected.items():

@@ -45,7 +45,21 @@ def test_quiet_about_one_process_when_states_are_offloaded():
 def test_fires_when_ranks_would_train_alone(tiny_models, tmp_path):
     # transformers' own TrainingArguments on CPU without use_cpu: each rank sees world size 1
     proc = run_worker(_args(tiny_models, tmp_path, "--plain-args", preset="zero2"), nproc=2, expect_fail=True)
-    assert "processes were launched" in proc.stderr and "use_cpu=True" in proc.stderr
+    assert "the Trainer trains on a data-parallel world size of 1, but 2 processes were launched" in proc.stderr
+    assert "use_cpu=True" in proc.stderr and "the DeepSpeed engine trains on" not in proc.stderr
+
+
+def test_fires_when_the_engine_trains_on_another_world_size(tiny_models, tmp_path):
+    # the Trainer's check passes at attach; then the launch claims 2 processes while the engine has 1 rank
+    proc = run_worker(_args(tiny_models, tmp_path, "--world-size-after-attach", "2", preset="zero2"), expect_fail=True)
+    assert "the DeepSpeed engine trains on a data-parallel world size of 1, but 2 processes were launched" in proc.stderr
+    assert "the Trainer trains on" not in proc.stderr
+
+
+def test_fires_when_stage3_is_configured_but_the_engine_did_not_partition(tiny_models, tmp_path):
+    # the callback saw stage 3 at attach; the live config is changed to stage 2 before the engine is built from it
+    proc = run_worker(_args(tiny_models, tmp_path, "--load", "whole", "--stage-after-attach", "2"), expect_fail=True)
+    assert "stage 3 is configured but the parameters are not partitioned (zero.Init did not run)" in proc.stderr
 
 
 def test_quiet_world_size_with_hf_zero_arguments(trained):
@@ -66,6 +80,13 @@ def test_quiet_when_zero3_model_loaded_partitioned(trained):
     result = read_result(trained("llama", "zero3", 2))
     assert result["partitioned_at_load"] is True
     assert not any("built whole" in w for w in result["warnings"])
+    # it trained past on_train_begin's engine checks, so they stayed quiet too
+    assert result["steps_trained"] == [1, 2, 3, 4] and result["engine"] == "DeepSpeedEngine"
+
+
+def test_quiet_about_gathering_when_the_config_already_gathers(trained):
+    result = read_result(trained("llama", "zero3", 2))
+    assert not any("stage3_gather_16bit_weights_on_model_save" in w for w in result["warnings"]), result["warnings"]
 
 
 def test_gather_off_is_turned_on_so_the_save_reloads(tiny_models, tmp_path):
@@ -93,6 +114,23 @@ def test_checkpoint_folders_verified_and_reloadable(trained):
 
     assert saved_model_problems(out / "checkpoint-2") == []
     assert saved_model_problems(out / "checkpoint-4") == []
+    # the last checkpoint (step 4 of 4) holds the engine's final weights: it reloads to exactly them
+    assert_reload_bitwise(out, folder="checkpoint-4")
+
+
+def test_incomplete_checkpoint_fails_the_save_and_the_older_one_survives_rotation(tiny_models, tmp_path):
+    """The shard is cut after DeepSpeed wrote it and the Trainer goes on: it writes trainer_state.json and would
+    rotate checkpoint-2 away (save_total_limit 1) before anything checked checkpoint-4. hf_zero rotates in on_save,
+    only after the check, which fails here."""
+    from hf_zero import checkpoint_problems
+
+    proc = run_worker(_args(tiny_models, tmp_path, "--save-steps", "2", "--save-total-limit", "1", "--corrupt-save", "4",
+                            preset="zero2"), expect_fail=True)
+    assert ("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): global_step4: "
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt is truncated or corrupt") in proc.stderr
+    assert (tmp_path / "checkpoint-4" / "trainer_state.json").exists()  # the Trainer's save itself finished
+    assert (tmp_path / "checkpoint-2").is_dir(), "rotated away before checkpoint-4 was verified"
+    assert checkpoint_problems(tmp_path / "checkpoint-2") == []
 
 
 @pytest.mark.slow  # compiling takes ~35 s here
