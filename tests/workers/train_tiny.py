@@ -22,7 +22,7 @@ CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in
                      else "gradient_checkpointing")
 
 
-# "warmup": the learning rate moves every step (0.5e-3, 1e-3, then down to 0 at step 8), so a resume that lost
+# "warmup": the learning rate moves every step (logged 0.5e-3, 1e-3, 0.5e-3, 0 over 4 steps), so a resume that lost
 # the scheduler's state (or restarted it) shows in the learning rates and losses it logs
 SCHEDULES = {"constant": dict(lr_scheduler_type="constant"),
              "warmup": dict(lr_scheduler_type="linear", warmup_steps=2)}
