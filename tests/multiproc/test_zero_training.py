@@ -5,20 +5,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_reload_bitwise, read_result, run_worker
+from conftest import assert_reload_bitwise, assert_trained, read_result, run_worker
 
 pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("preset", ["zero1", "zero2", "zero3"])
-def test_stage_trains_and_reloads_bitwise(trained, preset, nproc):
+def test_stage_trains_and_reloads_bitwise(trained, tiny_models, preset, nproc):
     # nproc 1 runs as plain `python train.py` (no launcher), nproc 2 under torchrun
     out = trained("llama", preset, nproc)
     result = read_result(out)
     assert result["engine"] == "DeepSpeedEngine"
     assert result["dp_world_size"] == nproc == result["world_size"]
     assert len(result["losses"]) == 4 and all(loss == loss for loss in result["losses"])
+    assert_trained(out, tiny_models["llama"])
     assert_reload_bitwise(out)
 
 
@@ -99,6 +100,7 @@ def test_launchers(tiny_models, tmp_path, launcher):
     run_worker(args, nproc=2, launcher=launcher)
     result = read_result(tmp_path)
     assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2
+    assert_trained(tmp_path, tiny_models["llama"])
     assert_reload_bitwise(tmp_path)
 
 

@@ -45,9 +45,12 @@ def build_args(opts):
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, task, vocab, n=64, length=16, num_labels=2):
+    """Random sequences of 16 distinct tokens (ids 3-18): learnable in a few steps (the model learns which tokens
+    occur), so a run that trains shows a falling loss; a uniform draw over the whole vocabulary would not."""
+
+    def __init__(self, task, vocab, n=64, length=16, num_labels=2, distinct=16):
         g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(3, vocab, (n, length), generator=g)
+        self.ids = torch.randint(3, min(vocab, 3 + distinct), (n, length), generator=g)
         self.cls_labels = torch.randint(0, num_labels, (n,), generator=g)
         self.task = task
 
