@@ -57,6 +57,16 @@ def launch_command(launcher: str, nproc: int, script_args: list, script: Path = 
     raise ValueError(launcher)
 
 
+def missing(what: str, install: str):
+    """A test's requirement that this machine lacks: skipped on a developer's machine, a failure under CI
+    (.ci/run exports HF_ZERO_CI=1), which installs everything such tests need. Not for the test extra's
+    packages (peft, datasets, evaluate): make test installs those, so the tests import them plainly."""
+    message = f"{what} is missing ({install})"
+    if os.environ.get("HF_ZERO_CI"):
+        pytest.fail(f"CI must have it: {message}", pytrace=False)
+    pytest.skip(message)
+
+
 # The test workers print this after hf_zero.shutdown(), as the last thing they do.
 FINISHED = "hf_zero-test: worker finished"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_reload_bitwise, assert_trained, read_result, run_worker
+from conftest import assert_reload_bitwise, assert_trained, missing, read_result, run_worker
 
 pytestmark = pytest.mark.multiproc
 
@@ -41,7 +41,7 @@ def _aio_available() -> bool:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_nvme_preset_reloads_bitwise(trained, tmp_path, nproc):
     if not _aio_available():
-        pytest.skip("libaio is missing (apt-get install -y libaio-dev; .ci/run installs it)")
+        missing("libaio", "apt-get install -y libaio-dev; .ci/run installs it")
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     out = trained("llama", "zero3_nvme", nproc, "--nvme-path", str(nvme))

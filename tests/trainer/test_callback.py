@@ -156,7 +156,6 @@ def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained, tin
 @pytest.mark.slow  # compiles (~40 s)
 def test_zero3_torch_compile_with_frozen_weights_is_left_to_accelerate(tiny_models, tmp_path):
     # LoRA: DeepSpeed 0.19.8 loses a leaf module's frozen weights before their backward, so no leaves
-    pytest.importorskip("peft")
     result = run_lora(tiny_models["llama"], tmp_path, env={"ACCELERATE_DYNAMO_BACKEND": "inductor"})
     [note] = [w for w in result["warnings"] if "torch_compile" in w]
     assert "frozen parameters" in note and "left to Accelerate" in note
