@@ -18,8 +18,11 @@ def resume_run(tiny_models, out, preset, nproc, checkpoint, *flags):
 
 def assert_continues(resumed: dict, uninterrupted: dict, exact: bool):
     """Steps 3-4 after resuming from checkpoint-2 give the uninterrupted run's losses: training went on
-    from the saved weights and Adam states, it did not restart."""
+    from the saved weights and Adam states, it did not restart. Under the "warmup" schedule the learning rate
+    moves every step, so a scheduler that restarted or lost its state shows in the logged rates."""
     assert resumed["loss_steps"] == [1, 2, 3, 4]  # 1-2 restored from trainer_state.json, 3-4 trained now
+    assert resumed["learning_rates"] == uninterrupted["learning_rates"][:4]
+    assert resumed["steps_trained"] == [3, 4], "this run did not start from the checkpoint's step"
     got, want = torch.tensor(resumed["losses"][2:]), torch.tensor(uninterrupted["losses"][2:4])
     if exact:
         # the first step after resuming runs on the restored weights: bit for bit the same loss; later
@@ -31,8 +34,8 @@ def assert_continues(resumed: dict, uninterrupted: dict, exact: bool):
 
 
 def same_size_case(trained, tiny_models, tmp_path, preset, nproc):
-    base = trained("llama", preset, nproc, "--save-steps", "2")
-    resumed = resume_run(tiny_models, tmp_path / "resumed", preset, nproc, base / "checkpoint-2")
+    base = trained("llama", preset, nproc, "--save-steps", "2", "--schedule", "warmup")
+    resumed = resume_run(tiny_models, tmp_path / "resumed", preset, nproc, base / "checkpoint-2", "--schedule", "warmup")
     assert resumed["resumed_from"] == str(base / "checkpoint-2")
     assert_continues(resumed, read_result(base), exact=True)
 
@@ -51,9 +54,11 @@ def test_resume_same_world_size_is_exact_every_stage(trained, tiny_models, tmp_p
 def world_size_change_case(trained, tiny_models, tmp_path, preset, saved_on, resumed_on):
     # the same 4 samples per optimizer step on either side: 2 ranks x 2, or 1 rank x 2 micro-batches x 2
     accum = {1: "2", 2: "1"}
-    base = trained("llama", preset, saved_on, "--save-steps", "2", "--accum", accum[saved_on])
+    base = trained("llama", preset, saved_on, "--save-steps", "2", "--accum", accum[saved_on], "--schedule", "warmup")
     checkpoint = base / "checkpoint-2"
-    resumed = resume_run(tiny_models, tmp_path / "resumed", preset, resumed_on, checkpoint, "--accum", accum[resumed_on])
+    resumed = resume_run(tiny_models, tmp_path / "resumed", preset, resumed_on, checkpoint, "--accum", accum[resumed_on],
+                         "--schedule", "warmup")
+    assert resumed["resumed_from"] == str(checkpoint)
     assert (checkpoint / "global_step2_universal" / "zero").is_dir()
     assert (checkpoint / "latest_universal").read_text().strip() == "global_step2_universal"
     assert resumed["dp_world_size"] == resumed_on
@@ -100,10 +105,11 @@ def test_rank_killed_mid_save_leaves_a_recognisable_partial_and_the_last_good_ch
     # from checkpoint-2, and rotation keeps only the newest verified checkpoint.
     run_worker(common + ["--resume", "last"], nproc=2)
     result = read_result(out)
-    assert result["resumed_from"] == str(out / "checkpoint-2")
+    assert result["resumed_from"] == str(out / "checkpoint-2") and result["steps_trained"] == [3, 4, 5, 6]
     assert (out / "partial-checkpoint-4" / "global_step4").is_dir()
     assert any("set aside incomplete checkpoint" in w for w in result["warnings"])
-    assert_continues(dict(result, losses=result["losses"][:4], loss_steps=result["loss_steps"][:4]),
+    assert_continues(dict(result, losses=result["losses"][:4], loss_steps=result["loss_steps"][:4],
+                          learning_rates=result["learning_rates"][:4], steps_trained=result["steps_trained"][:2]),
                      read_result(trained("llama", "zero3", 2)), exact=True)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-6"]
     assert checkpoint_problems(out / "checkpoint-6") == []

@@ -311,3 +311,51 @@ def test_plan_and_check_never_run_model_code(tmp_path, capsys):
     assert "custom code" in capsys.readouterr().err
     assert main(["check", "zero2", "--cpu", "--no-env", "--model", str(model)]) == 0  # reads config.json as data
     assert not marker.exists()
+
+
+# --- the scan guards every entry point docs/security.md lists: resume, conversion, attach's partial scan ----
+
+def _resume_target(output_dir, world_size):
+    """What prepare_resume reads of a Trainer: its output_dir, world size and live DeepSpeed config (scanning
+    happens before any of it is used, so no engine or process group is needed to reach the scan)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(args=SimpleNamespace(output_dir=str(output_dir), world_size=world_size,
+                                                hf_deepspeed_config=SimpleNamespace(config={})))
+
+
+@pytest.mark.parametrize("world_size", [1, 2], ids=["same-world-size", "converted"])
+def test_prepare_resume_refuses_a_bombed_checkpoint(checkpoints, tmp_path, world_size):
+    from hf_zero import prepare_resume
+
+    marker = tmp_path / "pwned"
+    folder, bomb = bombed_copy(checkpoints["zero3"], tmp_path / "checkpoint-2", marker, "*optim_states.pt")
+    with pytest.raises(UnsafeCheckpointError, match="io.open") as info:
+        prepare_resume(_resume_target(tmp_path, world_size), folder)
+    assert str(bomb) in str(info.value)
+    assert not marker.exists() and not list(folder.glob("*_universal"))  # nothing loaded, nothing converted
+
+
+def test_convert_to_universal_refuses_a_bombed_checkpoint(checkpoints, tmp_path):
+    from hf_zero.checkpoints.resume import convert_to_universal
+
+    marker = tmp_path / "pwned"
+    folder, bomb = bombed_copy(checkpoints["zero2"], tmp_path / "checkpoint-2", marker, "*optim_states.pt")
+    with pytest.raises(UnsafeCheckpointError, match="io.open"):
+        convert_to_universal(folder)
+    assert not marker.exists() and not list(folder.glob("*_universal"))
+
+
+def test_attach_scan_of_the_output_dir_refuses_a_bombed_checkpoint(checkpoints, tmp_path):
+    """attach() sets aside partial checkpoints with set_aside_partial: a complete one that would run code is
+    refused there, before the Trainer's resume_from_checkpoint=True could pick it."""
+    from hf_zero.checkpoints.folders import last_good_checkpoint, set_aside_partial
+
+    marker = tmp_path / "pwned"
+    bombed_copy(checkpoints["zero3"], tmp_path / "run" / "checkpoint-2", marker, "*optim_states.pt")
+    with pytest.raises(UnsafeCheckpointError, match="io.open"):
+        set_aside_partial(tmp_path / "run")
+    with pytest.raises(UnsafeCheckpointError, match="io.open"):
+        last_good_checkpoint(tmp_path / "run")
+    assert not marker.exists() and (tmp_path / "run" / "checkpoint-2").is_dir()
+    assert set_aside_partial(tmp_path / "run", trust=True) == []  # vouched for: complete, so left in place

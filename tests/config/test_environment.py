@@ -33,6 +33,14 @@ def test_cuda_arch_suffix(clean_env, arch, fires):
     assert ("cuda-arch-suffix" in env_codes(hf_zero.load_config("zero2"))) is fires
 
 
+def test_quiet_about_the_arch_suffix_when_nothing_is_built(clean_env):
+    clean_env.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    config = hf_zero.load_config("zero2")
+    assert "cuda-arch-suffix" in env_codes(config)
+    del config["optimizer"]  # the Trainer's torch AdamW and no offload: DeepSpeed compiles no op
+    assert env_codes(config) == []
+
+
 def test_missing_compiler_for_op_builds(clean_env):
     clean_env.setenv("PATH", "/nonexistent")
     assert env_codes(hf_zero.load_config("zero2_offload")) == ["no-compiler"]

@@ -141,6 +141,14 @@ def test_trainer_mismatch(good):
     assert "trainer-mismatch" not in codes(good, trainer_args={"per_device_train_batch_size": 8})
 
 
+def test_trainer_mismatch_on_gradient_accumulation(good):
+    good["gradient_accumulation_steps"] = 4
+    [finding] = [f for f in validate_config(good, trainer_args={"gradient_accumulation_steps": 2})
+                 if f.code == "trainer-mismatch"]
+    assert finding.message.startswith("gradient_accumulation_steps is 4 but the Trainer's gradient_accumulation_steps is 2")
+    assert codes(good, trainer_args={"gradient_accumulation_steps": 4}) == []
+
+
 def test_fp16_for_a_bf16_model(good):
     good["fp16"]["enabled"] = True
     assert codes(good, model_config={"dtype": "bfloat16"}) == ["fp16-for-bf16-model"]
@@ -169,7 +177,17 @@ def test_nvme_path_not_writable(tmp_path):
 
 
 def test_auto_outside_the_trainer(good):
-    assert codes(good, trainer_fills_auto=False) == ["auto-outside-trainer"]
+    [finding] = validate_config(good, trainer_fills_auto=False)
+    assert finding.code == "auto-outside-trainer" and "only work under the HF Trainer/Accelerate" in finding.message
+
+
+def test_quiet_outside_the_trainer_without_auto_values(good):
+    """Raw DeepSpeed (trainer_fills_auto=False) is fine once every "auto" has a value."""
+    from hf_zero.config.findings import fill_auto
+
+    concrete = fill_auto(good)
+    assert "auto" not in repr(concrete)
+    assert codes(concrete, trainer_fills_auto=False) == []
 
 
 def test_fix_config_repairs_what_it_can(good):

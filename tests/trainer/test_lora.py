@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_lora
 
-peft = pytest.importorskip("peft")
+import peft  # noqa: F401  (the test extra: make test installs it; a broken install fails here)
 pytestmark = pytest.mark.multiproc
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,18 @@ CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in
                      else "gradient_checkpointing")
 
 
+# "warmup": the learning rate moves every step (logged 0.5e-3, 1e-3, 0.5e-3, 0 over 4 steps), so a resume that lost
+# the scheduler's state (or restarted it) shows in the learning rates and losses it logs
+SCHEDULES = {"constant": dict(lr_scheduler_type="constant"),
+             "warmup": dict(lr_scheduler_type="linear", warmup_steps=2)}
+
+
 def build_args(opts):
     common = dict(
         output_dir=opts.out, per_device_train_batch_size=2, gradient_accumulation_steps=opts.accum,
         max_steps=opts.steps, learning_rate=1e-3, logging_steps=1, report_to=[], seed=0,
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
-        bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, lr_scheduler_type="constant",
+        bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, **SCHEDULES[opts.schedule],
         deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit, torch_compile=opts.torch_compile,
     )
     if opts.plain_args:
@@ -46,9 +52,12 @@ def build_args(opts):
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, task, vocab, n=64, length=16, num_labels=2):
+    """Random sequences of 16 distinct tokens (ids 3-18): learnable in a few steps (the model learns which tokens
+    occur), so a run that trains shows a falling loss; a uniform draw over the whole vocabulary would not."""
+
+    def __init__(self, task, vocab, n=64, length=16, num_labels=2, distinct=16):
         g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(3, vocab, (n, length), generator=g)
+        self.ids = torch.randint(3, min(vocab, 3 + distinct), (n, length), generator=g)
         self.cls_labels = torch.randint(0, num_labels, (n,), generator=g)
         self.task = task
 
@@ -116,6 +125,29 @@ def kill_midway_through_save(step: int) -> None:
     torch.save = save  # DeepSpeed's checkpoint engine calls torch.save(state, path)
 
 
+def corrupt_at_save(step: int) -> None:
+    """A save that completes but is wrong: the optimizer shard of `step` is cut in half after writing, and the run
+    goes on (a full disk, a flaky network filesystem). The Trainer then writes trainer_state.json and rotates."""
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)) and f"global_step{step}" in str(f) and "optim_states" in str(f):
+            os.truncate(f, os.path.getsize(f) // 2)
+
+    torch.save = save
+
+
+class StepsTrained(transformers.TrainerCallback):
+    """The global steps this process trained (a resumed run starts after its checkpoint), and their learning rates."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -143,6 +175,13 @@ def main():
     p.add_argument("--kill-during-save", type=int, default=None, metavar="STEP",
                    help="rank 1 writes half of its optimizer shard at STEP's save, then SIGKILLs itself")
     p.add_argument("--torch-compile", action="store_true", help="TrainingArguments(torch_compile=True)")
+    p.add_argument("--schedule", default="constant", choices=sorted(SCHEDULES))
+    p.add_argument("--corrupt-save", type=int, default=None, metavar="STEP",
+                   help="rank 0 truncates its optimizer shard at STEP's save and trains on")
+    p.add_argument("--stage-after-attach", type=int, default=None,
+                   help="change the live config's ZeRO stage after hf_zero.attach (the engine is built from it)")
+    p.add_argument("--world-size-after-attach", type=int, default=None,
+                   help="set WORLD_SIZE after hf_zero.attach, so the engine's data-parallel size differs from it")
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
@@ -171,6 +210,14 @@ def main():
         trainer.add_callback(hf_zero.ZeroCallback())
     logged = LoggedKeys()
     trainer.add_callback(logged)
+    steps_trained = StepsTrained()
+    trainer.add_callback(steps_trained)
+    if opts.stage_after_attach is not None:
+        hf_zero.config.live.deepspeed_config_of(args)["zero_optimization"]["stage"] = opts.stage_after_attach
+    if opts.world_size_after_attach is not None:
+        os.environ["WORLD_SIZE"] = str(opts.world_size_after_attach)
+    if opts.corrupt_save is not None and os.environ.get("RANK", "0") == "0":
+        corrupt_at_save(opts.corrupt_save)
     peak_states = PeakStateBytes(trainer)
     trainer.add_callback(peak_states)  # last in line, like TensorBoard/W&B: sees what they would see
     if opts.kill_during_save is not None and os.environ.get("RANK") == "1":
@@ -194,6 +241,8 @@ def main():
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "loss_steps": [e["step"] for e in trainer.state.log_history if "loss" in e],
             "resumed_from": resume,
+            "steps_trained": steps_trained.steps,
+            "learning_rates": [e["learning_rate"] for e in trainer.state.log_history if "loss" in e],
             "engine": type(engine).__name__,
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),

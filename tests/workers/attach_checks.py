@@ -1,0 +1,139 @@
+"""ZeroCallback's attach-time checks, each with a real Trainer and a real DeepSpeed config, in one process.
+
+No engine is built: every check here runs in ``hf_zero.attach(trainer)``, before ``trainer.train()``.
+Each scenario builds its own TrainingArguments, model and Trainer, attaches, and records the callback's
+warnings (or the error it raised) and what it changed; the results go to OUT/attach_checks.json, one
+entry per scenario, for tests/trainer/test_callback.py.
+"""
+
+import argparse
+import json
+import traceback
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Trainer
+
+import hf_zero
+from hf_zero.config.live import deepspeed_config_of
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        ids = torch.arange(3, 19)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def reset_accelerate():
+    """Each scenario's Trainer builds its own Accelerator with its own DeepSpeed plugin."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()  # noqa: the process group itself stays up
+    unset_hf_deepspeed_config()
+
+
+def config_file(out: Path, name: str, preset: str, **zero) -> str:
+    config = hf_zero.load_config(preset)
+    config["zero_optimization"].update(zero)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def attach(model_path, args, *, bf16_model=False, lora=False, **callback_options):
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if bf16_model else torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+    callback = hf_zero.attach(trainer, **callback_options)
+    return trainer, callback
+
+
+def scenarios(model_path: str, out: Path):
+    common = dict(output_dir=str(out / "run"), per_device_train_batch_size=2, max_steps=1, report_to=[],
+                  disable_tqdm=True)
+
+    def hf_args(deepspeed, **extra):
+        return hf_zero.TrainingArguments(deepspeed=deepspeed, **common, **extra)
+
+    def plain_args(preset, **extra):  # transformers' own arguments, as a user's unmodified script has them
+        return transformers.TrainingArguments(deepspeed=str(hf_zero.preset_path(preset)), use_cpu=True, **common, **extra)
+
+    def leaf_threshold(trainer):
+        return deepspeed_config_of(trainer.args)["zero_optimization"].get("stage3_module_granularity_threshold")
+
+    def run(name, make):
+        reset_accelerate()
+        try:
+            trainer, callback = make()
+            extra = getattr(make, "extra", lambda t: {})(trainer)
+            return name, {"warnings": callback.warnings, "error": None, **extra}
+        except hf_zero.ConfigError as e:
+            return name, {"warnings": [], "error": str(e)}
+
+    def with_extra(make, extra):
+        make.extra = extra
+        return make
+
+    # the leaf-module threshold (GPU-only) is dropped, and said, under transformers' own arguments
+    yield run("gpu_only_dropped", with_extra(lambda: attach(model_path, plain_args("zero3")),
+                                             lambda t: {"leaf_threshold": leaf_threshold(t)}))
+    yield run("gpu_only_absent", with_extra(lambda: attach(model_path, plain_args("zero2")), lambda t: {}))
+    # a config finding of severity warning becomes a callback warning
+    yield run("finding_warning", lambda: attach(model_path, hf_args(config_file(
+        out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10))))
+    yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
+    # reentrant checkpointing under ZeRO-3
+    gc = {"gradient_checkpointing": True}
+    yield run("reentrant_zero3", lambda: attach(model_path, hf_args(
+        "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": True})))
+    yield run("reentrant_zero2", lambda: attach(model_path, hf_args(
+        "zero2", **gc, gradient_checkpointing_kwargs={"use_reentrant": True})))
+    yield run("non_reentrant_zero3", lambda: attach(model_path, hf_args(
+        "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": False})))
+    # force_gather_on_save=False: gathering off is refused, gathering on is fine
+    gather_off = config_file(out, "zero3_gather_off", "zero3", stage3_gather_16bit_weights_on_model_save=False)
+    yield run("no_force_gather_off", lambda: attach(model_path, hf_args(gather_off), force_gather_on_save=False))
+    yield run("no_force_gather_on", lambda: attach(model_path, hf_args("zero3"), force_gather_on_save=False))
+    # peft's fp32 adapters on a bf16 base under ZeRO-3: cast by default, kept with cast_adapters=False
+    def adapter_dtypes(trainer):
+        return {"adapter_dtypes": sorted({str(p.dtype) for p in trainer.model.parameters() if p.requires_grad})}
+
+    yield run("cast_adapters", with_extra(lambda: attach(model_path, hf_args("zero3", bf16=True), bf16_model=True,
+                                                         lora=True), adapter_dtypes))
+    yield run("keep_adapters", with_extra(lambda: attach(model_path, hf_args("zero3", bf16=True), bf16_model=True,
+                                                         lora=True, cast_adapters=False), adapter_dtypes))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    opts = p.parse_args()
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_zero.init_distributed()
+    results = {}
+    try:
+        for name, result in scenarios(opts.model, out):
+            results[name] = result
+    except Exception:
+        results["crashed"] = traceback.format_exc()
+        raise
+    finally:
+        (out / "attach_checks.json").write_text(json.dumps(results, indent=1))
+        hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
