@@ -88,3 +88,15 @@ def test_sft_lora_with_gradient_checkpointing_under_zero3_saves_a_full_adapter_a
     assert any(t.abs().sum() > 0 for n, t in saved.items() if "lora_B" in n)  # lora_B starts at 0: it trained
     merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)
     assert merged.config.architectures == ["LlamaForCausalLM"]
+
+
+@pytest.mark.slow
+def test_grpo_generates_with_the_partitioned_model_under_zero3(tiny_models, tmp_path):
+    """GRPOTrainer without vLLM: the ZeRO-3 model generates its completions (TRL gathers it for generation)."""
+    out = tmp_path / "grpo"
+    run_worker(["--model", tiny_models["llama_tok"], "--out", out, "--trainer", "grpo", "--deepspeed", "zero3"],
+               nproc=2, script=TRL_WORKER)
+    result = read_result(out)
+    assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
+    assert len(result["completion_lengths"]) == 4 and all(n > 0 for n in result["completion_lengths"])
+    assert_reload_bitwise(out)

@@ -32,7 +32,8 @@ def run_ci(tmp_path, *, installed: bool, apt_ok: bool, root: bool = True):
 def test_failed_libaio_install_fails_ci(tmp_path):
     proc, calls = run_ci(tmp_path, installed=False, apt_ok=False)
     assert proc.returncode != 0 and "apt-get install libaio-dev failed" in proc.stderr
-    assert calls == ["apt-get install -y -q libaio-dev"]  # and no make: nothing ran to skip the NVMe test
+    # the package lists refreshed (the stub fails that too), then no make: nothing ran to skip the NVMe test
+    assert calls == ["apt-get install -y -q libaio-dev", "apt-get update -q"]
 
 
 def test_missing_libaio_without_root_fails_ci(tmp_path):

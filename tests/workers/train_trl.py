@@ -1,5 +1,6 @@
 """TRL's trainers under an hf_zero preset, written as a user writes them: SFTTrainer on chat data with
-assistant-only loss (optionally LoRA), and DPOTrainer with its reference model.
+assistant-only loss (optionally LoRA), DPOTrainer with its reference model, and GRPOTrainer generating with the
+model itself (no vLLM) and a reward function.
 
 Rank 0 writes result.json and the engine's gathered weights (expected.safetensors) next to the saved model.
 """
@@ -39,11 +40,25 @@ def preference_data(n=16):
     return datasets.Dataset.from_list(rows)
 
 
+def prompt_data(n=16):
+    return datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": QUESTIONS[i % 4]}]} for i in range(n)])
+
+
+def reward_four(completions, **kwargs):
+    """1 for each completion that says "four": a reward a tiny model can learn to chase."""
+    return [float("four" in (c[0]["content"] if isinstance(c, list) else c)) for c in completions]
+
+
+CONFIGS = {"sft": ("SFTConfig", "SFTTrainer", {"assistant_only_loss": True}, 1e-3),
+           "dpo": ("DPOConfig", "DPOTrainer", {"beta": 0.1}, 5e-3),
+           "grpo": ("GRPOConfig", "GRPOTrainer", {"num_generations": 2, "max_completion_length": 6, "beta": 0.0}, 1e-3)}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--trainer", choices=["sft", "dpo"], default="sft")
+    p.add_argument("--trainer", choices=sorted(CONFIGS), default="sft")
     p.add_argument("--deepspeed", default=None, help="a preset or JSON; none under accelerate launch --config_file")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--lora", action="store_true")
@@ -54,12 +69,13 @@ def main():
 
     import trl
 
-    config_class = hf_zero.zero_arguments(trl.SFTConfig if opts.trainer == "sft" else trl.DPOConfig)
-    extra = {"assistant_only_loss": True} if opts.trainer == "sft" else {"beta": 0.1}
-    args = config_class(output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps,
-                        learning_rate=1e-3 if opts.trainer == "sft" else 5e-3, logging_steps=1, report_to=[],
-                        save_strategy="no", deepspeed=opts.deepspeed, seed=0, disable_tqdm=True, max_length=64,
-                        lr_scheduler_type="constant", gradient_checkpointing=opts.gc, **extra)
+    config_name, trainer_name, extra, lr = CONFIGS[opts.trainer]
+    config_class = hf_zero.zero_arguments(getattr(trl, config_name))
+    if opts.trainer != "grpo":
+        extra = {**extra, "max_length": 64}
+    args = config_class(output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=lr,
+                        logging_steps=1, report_to=[], save_strategy="no", deepspeed=opts.deepspeed, seed=0,
+                        disable_tqdm=True, lr_scheduler_type="constant", gradient_checkpointing=opts.gc, **extra)
     tokenizer = AutoTokenizer.from_pretrained(opts.model)
     tokenizer.chat_template = TRAINING_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32)  # zero.Init under ZeRO-3: args exist
@@ -69,11 +85,12 @@ def main():
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer_class = trl.SFTTrainer if opts.trainer == "sft" else trl.DPOTrainer
+    trainer_class = getattr(trl, trainer_name)
     callbacks = [hf_zero.ZeroCallback()] if opts.callback == "instance" else None
-    data = chat_data() if opts.trainer == "sft" else preference_data()
+    data = {"sft": chat_data, "dpo": preference_data, "grpo": prompt_data}[opts.trainer]()
+    rewards = {"reward_funcs": reward_four} if opts.trainer == "grpo" else {}
     trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                            peft_config=peft_config, callbacks=callbacks)
+                            peft_config=peft_config, callbacks=callbacks, **rewards)
     if opts.callback == "attach":
         hf_zero.attach(trainer)
     trainer.train()
@@ -94,6 +111,8 @@ def main():
         callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, hf_zero.ZeroCallback))
         result = {
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "completion_lengths": [e["completions/mean_length"] for e in trainer.state.log_history
+                                   if "completions/mean_length" in e],
             "engine": type(trainer.model_wrapped).__name__,
             "dp_world_size": getattr(trainer.model_wrapped, "dp_world_size", None),
             "partitioned_at_load": partitioned_at_load,
