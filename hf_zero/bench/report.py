@@ -174,6 +174,21 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def batch_and_host_table(data: dict) -> str:
+    """Tokens per optimizer step (gradient accumulation counted) and the host's memory next to the GPU's: what an
+    offload run spends on the CPU side. Empty for results that predate these fields."""
+    rows = [r for r in data["results"] if r.get("status") == "ok" and "host_memory" in r]
+    if not rows:
+        return ""
+    lines = ["| setup | tokens / optimizer step | gradient accumulation | host peak RSS GiB/rank | host peak pinned GiB/rank |",
+             "|" + "---|" * 5]
+    for row in rows:
+        host = row["host_memory"]
+        lines.append(f"| {row['name']} | {row['tokens_per_step']:,.0f} | {row.get('gradient_accumulation_steps', 1)} | "
+                     f"{host['peak_rss_gib']:.2f} | {_num(host.get('peak_pinned_gib'), '.2f')} |")
+    return "\n".join(lines)
+
+
 def _profiled(data: dict) -> list:
     return [r for r in data["results"] if r.get("status") == "ok" and "step_ms" in (r.get("profile") or {})]
 
@@ -285,6 +300,9 @@ def render_markdown(data: dict) -> str:
                   "and the targets below are defined for 2x H200.", ""]
     lines += [table(data), "", "## Targets (the speed and memory ones are for 2x H200)", "", "| target | result | measured |", "|---|---|---|"]
     lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
+    host = batch_and_host_table(data)
+    if host:
+        lines += ["", "## Batch and host memory", "", host]
     profiled = profile_table(data)
     if profiled:
         lines += ["", "## Where a step's time goes (rank 0, torch.profiler)", "",

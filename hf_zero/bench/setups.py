@@ -62,7 +62,7 @@ DS_AUTO = {
         "stage3_max_reuse_distance": 1_000_000_000, "stage3_gather_16bit_weights_on_model_save": True}},
 }
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-+]+$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-+@]+$")  # @: a setup at a batch, e.g. zero2_offload@64k
 
 
 @dataclass
@@ -202,7 +202,7 @@ def parse_variant(spec: str, known: dict) -> Setup:
         raise ConfigError(f"--variant {spec!r}: expected NAME=BASE[:key=value,...], e.g. "
                           "z3big=zero3:zero_optimization.reduce_bucket_size=1e9")
     if not _NAME.match(name):
-        raise ConfigError(f"--variant {spec!r}: the name {name!r} may only use letters, digits and _ . - +")
+        raise ConfigError(f"--variant {spec!r}: the name {name!r} may only use letters, digits and _ . - + @")
     if name in known:
         raise ConfigError(f"--variant {spec!r}: {name!r} is already a setup name; pick another name")
     base, _, assignments = rest.partition(":")

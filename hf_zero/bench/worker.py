@@ -103,11 +103,21 @@ class StepTimer(TrainerCallback):
         self._last = now
 
 
+def _host_memory() -> dict:
+    """The host side of this process: peak resident memory (libraries included; ru_maxrss is KiB on Linux) and, on a
+    GPU machine, the peak of torch's pinned-memory pool, where CPU offload keeps what it copies to and from the GPU."""
+    host = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+    if torch.cuda.is_available() and hasattr(torch.cuda, "host_memory_stats"):
+        host["host_peak_pinned_gib"] = torch.cuda.host_memory_stats().get("allocated_bytes.all.peak", 0) / GIB
+    return host
+
+
 def _memory() -> dict:
+    host = _host_memory()
     if torch.cuda.is_available():
-        return {"alloc_gib": torch.cuda.max_memory_allocated() / GIB, "reserved_gib": torch.cuda.max_memory_reserved() / GIB}
-    # ru_maxrss is KiB on Linux: the process's peak resident memory, libraries included
-    return {"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+        return {"alloc_gib": torch.cuda.max_memory_allocated() / GIB, "reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+                **host}
+    return {"rss_gib": host["host_peak_rss_gib"], **host}
 
 
 def _all_ranks(obj) -> list:
@@ -120,9 +130,10 @@ def _all_ranks(obj) -> list:
     return gathered
 
 
-def _batch_tokens(collator: PadToLongest, spec: dict) -> dict:
-    """This rank's timed batches: the collator ran in step order (the dataloader may build one batch ahead)."""
-    timed = slice(spec["warmup"], spec["steps"])
+def _batch_tokens(collator: PadToLongest, spec: dict, accumulation: int) -> dict:
+    """This rank's timed batches: the collator ran in step order (the dataloader may build one batch ahead), and each
+    optimizer step took ``accumulation`` of them."""
+    timed = slice(spec["warmup"] * accumulation, spec["steps"] * accumulation)
     lengths, widths = collator.sample_lengths[timed], collator.widths[timed]
     return {"real": [sum(batch) for batch in lengths], "padded": [w * len(batch) for w, batch in zip(widths, lengths)],
             "widths": widths, "lengths": [n for batch in lengths for n in batch]}
@@ -288,9 +299,11 @@ def main(argv=None):
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size
+    accumulation = args.gradient_accumulation_steps
     variable = setup.get("data") or {}
-    data = RandomTokens(model.config.vocab_size, spec["seq"], total_steps(spec) * setup["micro_batch"] * world,
-                        min_seq=variable.get("min_seq"))
+    # enough samples for every micro-batch of every optimizer step: one epoch, whatever the accumulation
+    data = RandomTokens(model.config.vocab_size, spec["seq"],
+                        total_steps(spec) * setup["micro_batch"] * accumulation * world, min_seq=variable.get("min_seq"))
     collator = PadToLongest(variable.get("pad_to_multiple_of")) if variable else None
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
@@ -317,11 +330,12 @@ def main(argv=None):
     if spec["save"]:
         save = _save_and_check(trainer, Path(spec["workdir"]) / "saved", spec.get("keep_saved", False))
 
-    batches = _all_ranks(_batch_tokens(collator, spec)) if collator else None
+    batches = _all_ranks(_batch_tokens(collator, spec, accumulation)) if collator else None
     if trainer.is_world_process_zero():
         steady = timer.times[spec["warmup"]:spec["steps"]]  # the profiled steps are slower: never timed
         median = statistics.median(steady)
-        tokens_per_step = setup["micro_batch"] * spec["seq"] * world
+        # per optimizer step: every micro-batch of the accumulation, on every rank
+        tokens_per_step = setup["micro_batch"] * spec["seq"] * world * accumulation
         tokens_per_s = tokens_per_step / median
         data_stats = None
         if batches:  # steps differ in length: real tokens of all ranks over the time of all timed steps
@@ -336,6 +350,10 @@ def main(argv=None):
                        "name": torch.cuda.get_device_name() if has_gpu() else "cpu",
                        "count": torch.cuda.device_count() if has_gpu() else os.cpu_count()},
             "step_times": timer.times[:spec["steps"]], "median_step_s": median, "tokens_per_step": tokens_per_step,
+            "gradient_accumulation_steps": accumulation,
+            "host_memory": {"peak_rss_gib": max(r["train"]["host_peak_rss_gib"] for r in per_rank),
+                            "peak_pinned_gib": max((r["train"].get("host_peak_pinned_gib") for r in per_rank
+                                                    if r["train"].get("host_peak_pinned_gib") is not None), default=None)},
             "tokens_per_s": tokens_per_s,
             "memory": {"kind": "cuda" if key == "alloc_gib" else "rss", "per_rank": per_rank,
                        "peak_gib": max(m[key] for m in train_mem),

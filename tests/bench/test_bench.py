@@ -29,7 +29,9 @@ from hf_zero.errors import ConfigError
 BROKEN = "broken=ddp:args.dataloader_num_workers=-1"
 LORA = "z3lora=zero3:lora.r=4,lora.lora_alpha=8"  # a PEFT LoRA adapter on the frozen, partitioned model
 VARIABLE = "var=zero2:data.min_seq=16,data.pad_to_multiple_of=8"  # batches padded to their longest sample
-SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--variant", VARIABLE, "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
+ACCUMULATED = "acc=zero2:args.gradient_accumulation_steps=3"  # 3 micro-batches per optimizer step
+SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--variant", VARIABLE, "--variant", ACCUMULATED,
+         "--nproc", "2", "--steps", "5", "--warmup", "2", "--seq", "32",
          "--profile-steps", "1", "--memory-snapshot"]
 
 
@@ -53,7 +55,7 @@ def _row(data, name):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_sweep_measures_ddp_and_zero3(sweep):
     out, proc, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -71,11 +73,11 @@ def test_sweep_measures_ddp_and_zero3(sweep):
     assert data["model"]["params"] > 0 and data["model"]["flops_per_token"] > 0
     run = data["runs"][-1]
     assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("hf-zero bench")
-    assert "[1/5] ddp:" in proc.stdout and "[2/5] zero3:" in proc.stdout
+    assert "[1/6] ddp:" in proc.stdout and "[2/6] zero3:" in proc.stdout
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
     _, _, data = sweep
     lora, zero3 = _row(data, "z3lora"), _row(data, "zero3")
@@ -94,7 +96,7 @@ def test_lora_variant_trains_an_adapter_on_the_partitioned_base(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_variable_length_variant_counts_real_tokens(sweep):
     _, _, data = sweep
     var, full = _row(data, "var"), _row(data, "ddp")
@@ -109,7 +111,20 @@ def test_variable_length_variant_counts_real_tokens(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long
+def test_accumulation_counts_every_micro_batch_of_an_optimizer_step(sweep):
+    _, _, data = sweep
+    acc, plain = _row(data, "acc"), _row(data, "ddp")
+    assert acc["status"] == "ok" and acc["gradient_accumulation_steps"] == 3, acc
+    assert acc["tokens_per_step"] == 3 * plain["tokens_per_step"] == 3 * 4 * 32 * 2
+    assert len(acc["step_times"]) == 5  # optimizer steps, each of 3 micro-batches: the dataset held all of them
+    assert acc["host_memory"]["peak_rss_gib"] > 0 and acc["host_memory"]["peak_pinned_gib"] is None  # no GPU here
+    assert plain["gradient_accumulation_steps"] == 1
+    assert f"| acc | {3 * 4 * 32 * 2:,} | 3 |" in report.render_markdown(data)
+
+
+@pytest.mark.multiproc
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     out, proc, data = sweep
     assert proc.returncode == 1, proc.stderr[-3000:]  # a failed setup: results written, exit 1
@@ -117,12 +132,12 @@ def test_crashing_setup_is_recorded_and_the_sweep_goes_on(sweep):
     assert broken["status"] == "failed"
     assert "num_workers" in broken["error"] and "Error" in broken["error"], broken["error"]
     assert (out / broken["log"]).exists() and broken["log_tail"]
-    assert "[3/5] broken: FAILED" in proc.stdout
-    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken", "z3lora", "var"]
+    assert "[3/6] broken: FAILED" in proc.stdout
+    assert [r["name"] for r in data["results"]] == ["ddp", "zero3", "broken", "z3lora", "var", "acc"]
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_sweep_writes_table_and_chart(sweep, tmp_path):
     out, _, data = sweep
     md = (out / "results.md").read_text()
@@ -139,7 +154,7 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_profiled_step_shows_whose_code_ran(sweep):
     out, _, data = sweep
     ddp, zero3 = _row(data, "ddp"), _row(data, "zero3")
@@ -160,7 +175,7 @@ def test_profiled_step_shows_whose_code_ran(sweep):
 
 
 @pytest.mark.multiproc
-@pytest.mark.long  # one CPU sweep of 5 setups (~1.7 min); make test-long
+@pytest.mark.long  # one CPU sweep of 6 setups (~2 min); make test-long
 def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     out, _, data = sweep
     merged = tmp_path / "merged"
