@@ -108,7 +108,8 @@ def _host_memory() -> dict:
     GPU machine, the peak of torch's pinned-memory pool, where CPU offload keeps what it copies to and from the GPU."""
     host = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
     if torch.cuda.is_available() and hasattr(torch.cuda, "host_memory_stats"):
-        host["host_peak_pinned_gib"] = torch.cuda.host_memory_stats().get("allocated_bytes.all.peak", 0) / GIB
+        stats = torch.cuda.host_memory_stats()
+        host["host_peak_pinned_gib"] = stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)) / GIB
     return host
 
 
