@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
+from transformers import AutoModelForCausalLM, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens
+from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens, StepsTrained
 
 import hf_zero
 import hf_zero.lora
@@ -32,16 +32,6 @@ def deepspeed_config(opts):
         # tensors would never be partitions; 0 makes them partitions, as a 7B model's are.
         config["zero_optimization"]["stage3_param_persistence_threshold"] = opts.persistence_threshold
     return config
-
-
-class StepsRun(TrainerCallback):
-    """The global steps this process trained (a resumed run starts after its checkpoint's step)."""
-
-    def __init__(self):
-        self.steps = []
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps.append(state.global_step)
 
 
 def main():
@@ -77,7 +67,7 @@ def main():
     callback = hf_zero.attach(trainer)
     logged = LoggedKeys()
     trainer.add_callback(logged)
-    steps_run = StepsRun()
+    steps_run = StepsTrained()
     trainer.add_callback(steps_run)
     trainer.train(resume_from_checkpoint=hf_zero.prepare_resume(trainer, opts.resume) if opts.resume else None)
 

@@ -139,7 +139,7 @@ def corrupt_at_save(step: int) -> None:
 
 
 class StepsTrained(transformers.TrainerCallback):
-    """The global steps this process trained (a resumed run starts after its checkpoint), and their learning rates."""
+    """The global steps this process trained (a resumed run starts after its checkpoint)."""
 
     def __init__(self):
         self.steps = []
