@@ -66,6 +66,9 @@ def render(summary: dict, output_dir: Path) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from ..distributed import name_cpu_accelerator
+
+    name_cpu_accelerator()
     if len(argv) != 1:
         print("usage: python -m hf_zero.finetune.report OUTPUT_DIR", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser, Trainer
 
-from ..distributed import gpu_memory_bytes, has_gpu, is_main_process, shutdown
+from ..distributed import gpu_memory_bytes, has_gpu, is_main_process, name_cpu_accelerator, shutdown
 from ..errors import HfZeroError
 from ..trainer.callback import attach
 from ..trainer.training_args import TrainingArguments, accelerate_deepspeed_file
@@ -159,6 +159,7 @@ def _reload_check(output_dir) -> int:
 
 
 def main(argv=None) -> int:
+    name_cpu_accelerator()  # before anything imports DeepSpeed: no "Setting accelerator to CPU" on every rank
     try:
         ft, args = parse(argv)
         run(ft, args)
