@@ -133,6 +133,7 @@ class RunShape:
     lora_r: int = 0  # > 0: a peft LoRA adapter of this rank trains on the frozen model
     lora_targets: tuple = ("all-linear",)  # the decoder layers' Linear names it adapts (peft's target_modules)
     fp32_adapters: bool = False  # ZeRO-3 trains the adapter in fp32 (without ZeroCallback's cast to 16 bits)
+    reference_model: bool = False  # a frozen reference copy of the model (TRL's DPO/KTO), none with LoRA
 
     @property
     def ranks(self) -> int:
@@ -269,7 +270,25 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
             else:
                 nvme = states
                 host = 4 * min(run.bucket, psi) * half * run.gpus_per_node  # pinned swap buffers
+    host += _add_reference_model(setup, phases, model, run)
     return Estimate(setup, phases, host, nvme)
+
+
+def _add_reference_model(setup: str, phases: dict, model: ModelShape, run: RunShape) -> int:
+    """TRL's reference model (DPO, KTO) in each phase; returns what it adds to the host per node.
+
+    TRL builds it as a second DeepSpeed engine from the run's config: under ZeRO-3 partitioned like the policy
+    (1/N of its 16-bit weights per GPU, on the host with parameter offload), under ZeRO-1/2 with stage 0, so a
+    whole 16-bit copy sits on every GPU (as under DDP). With LoRA, TRL turns the adapter off instead: no copy."""
+    if not run.reference_model or run.lora_r:
+        return 0
+    weights = run.element_bytes * model.params
+    if setup in ("zero3_offload", "zero3_nvme"):
+        return weights // run.ranks * run.gpus_per_node
+    per_gpu = weights // run.ranks if setup == "zero3" else weights
+    for components in phases.values():
+        components["reference model"] = per_gpu
+    return 0
 
 
 @dataclass

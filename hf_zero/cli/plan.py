@@ -31,6 +31,9 @@ def add_parser(subparsers):
                    help="plan a peft LoRA adapter of rank R on the frozen model (as hf-zero finetune --lora_r)")
     p.add_argument("--lora-target-modules", default="all-linear", metavar="NAMES",
                    help="with --lora-r: comma-separated Linear names of the decoder layers, or all-linear (the default)")
+    p.add_argument("--reference-model", action="store_true",
+                   help="TRL's DPO/KTO: count the frozen reference copy (whole on each GPU under DDP and ZeRO-1/2, "
+                        "partitioned under ZeRO-3; none with --lora-r)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
@@ -163,7 +166,8 @@ def run(args) -> int:
         model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
     run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
-                         compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets)
+                         compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
+                         reference_model=args.reference_model)
     if lora_r:
         try:
             model.lora_targets(lora_targets)

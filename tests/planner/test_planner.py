@@ -288,3 +288,35 @@ def test_plan_for_lora(tmp_path, capsys):
     assert "qkv are not Linear layers" in capsys.readouterr().err
     assert main([*argv[:-1], "-3"]) == 2
     assert "--lora-r must be 0 (full fine-tuning) or a positive rank" in capsys.readouterr().err
+
+
+def test_a_dpo_reference_model_is_a_whole_copy_under_zero12_and_a_partition_under_zero3():
+    from hf_zero.planner import ModelShape, RunShape, estimate
+
+    model = ModelShape(params=1_000_000_000, hidden=2048, intermediate=5504, layers=24, vocab=32000,
+                       largest_layer=50_000_000)
+    plain, ref = RunShape(gpus_per_node=4), RunShape(gpus_per_node=4, reference_model=True)
+    extra = {s: estimate(s, model, ref).gpu_total - estimate(s, model, plain).gpu_total
+             for s in ("ddp", "zero2", "zero3", "zero3_offload")}
+    assert extra["ddp"] == extra["zero2"] == 2 * model.params  # TRL's stage-0 engine: 16-bit weights on every GPU
+    assert extra["zero3"] == 2 * model.params // 4  # partitioned like the policy
+    assert extra["zero3_offload"] == 0
+    assert estimate("zero3_offload", model, ref).host_per_node - estimate("zero3_offload", model, plain).host_per_node \
+        == 2 * model.params // 4 * 4
+    lora = RunShape(gpus_per_node=4, reference_model=True, lora_r=16)
+    assert estimate("zero2", model, lora).gpu_total == estimate("zero2", model, RunShape(gpus_per_node=4, lora_r=16)).gpu_total
+
+
+def test_plan_cli_takes_the_reference_model(tmp_path, capsys):
+    import json
+
+    from hf_zero.cli import main
+
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["plan", str(tmp_path), "--gpus", "2", "--gpu-mem", "80", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(tmp_path), "--gpus", "2", "--gpu-mem", "80", "--json", "--reference-model"]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    assert json.dumps(ref) != json.dumps(plain) and "reference model" in json.dumps(ref)
