@@ -9,8 +9,17 @@ from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
 from ..planner import GIB, SETUPS, ModelShape, RunShape, make_plan
 
-_COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers")
-_SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ"}
+_COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers", "reference model")
+_SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
+          "reference model": "ref"}
+# numeric flags and the least each may be: one message and exit 2 below that, never a plan of nonsense
+_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1}
+_POSITIVE = ("gpu_mem", "cpu_mem")
+
+
+def _components(plan) -> tuple:
+    """The memory components to show: the reference model's only when the plan has one."""
+    return tuple(c for c in _COMPONENTS if c != "reference model" or any(c in e.gpu for e in plan.estimates))
 
 
 def add_parser(subparsers):
@@ -58,7 +67,7 @@ def load_model_config(model: str):
 
 
 def _gpu_mem(args) -> float:
-    if args.gpu_mem:
+    if args.gpu_mem is not None:
         return args.gpu_mem
     total = gpu_memory_bytes()
     if total is None:
@@ -73,10 +82,11 @@ def render(plan) -> str:
              f"{', gradient checkpointing' if r.gradient_checkpointing else ''}"
              f"{', torch.compile' if r.compiled else ''}"
              f"{f', LoRA r={r.lora_r} on {_targets(m, r)}' if r.lora_r else ''}", ""]
-    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in _COMPONENTS) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  peak in"
+    components = _components(plan)
+    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in components) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  peak in"
     lines.append(head)
     for est in plan.estimates:
-        cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in _COMPONENTS)
+        cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in components)
         mark = "  <- recommended" if est.setup == plan.choice else ""
         lines.append(f"{est.setup:<14}{cells}{est.gpu_total / GIB:>10.1f}{est.host_per_node / GIB:>10.1f}"
                      f"{est.nvme_per_node / GIB:>10.1f}  {est.phase}{mark}")
@@ -115,7 +125,7 @@ def plot(plan, path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = [e.setup for e in plan.estimates]
     bottom = [0.0] * len(names)
-    for component in _COMPONENTS:
+    for component in _components(plan):
         values = [e.gpu.get(component, 0) / GIB for e in plan.estimates]
         ax.bar(names, values, bottom=bottom, label=component)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -159,7 +169,18 @@ def write_config(plan, path) -> None:
     Path(path).write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _check_numbers(args) -> None:
+    for name, least in _AT_LEAST.items():
+        if getattr(args, name) < least:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
+    for name in _POSITIVE:
+        value = getattr(args, name)
+        if value is not None and not value > 0:  # also NaN
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of GiB, got {value:g}")
+
+
 def run(args) -> int:
+    _check_numbers(args)
     lora_r, lora_targets = _lora(args)
     with contextlib.redirect_stdout(sys.stderr):  # transformers/DeepSpeed chatter stays off the report
         config = load_model_config(args.model)

@@ -320,3 +320,27 @@ def test_plan_cli_takes_the_reference_model(tmp_path, capsys):
     assert main(["plan", str(tmp_path), "--gpus", "2", "--gpu-mem", "80", "--json", "--reference-model"]) == 0
     ref = json.loads(capsys.readouterr().out)
     assert json.dumps(ref) != json.dumps(plain) and "reference model" in json.dumps(ref)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "-3"], "--gpus must be at least 1, got -3"),
+    (["--gpus", "0"], "--gpus must be at least 1, got 0"),
+    (["--gpus", "2", "--nodes", "0"], "--nodes must be at least 1"),
+    (["--gpus", "2", "--gpu-mem", "-5"], "--gpu-mem must be a positive number of GiB, got -5"),
+    (["--gpus", "2", "--gpu-mem", "0"], "--gpu-mem must be a positive number of GiB, got 0"),
+    (["--gpus", "2", "--gpu-mem", "nan"], "--gpu-mem must be a positive number of GiB"),
+    (["--gpus", "2", "--gpu-mem", "80", "--cpu-mem", "0"], "--cpu-mem must be a positive number"),
+    (["--gpus", "2", "--gpu-mem", "80", "--seq", "0"], "--seq must be at least 1"),
+    (["--gpus", "2", "--gpu-mem", "80", "--micro-batch", "-1"], "--micro-batch must be at least 1"),
+])
+def test_plan_refuses_numbers_that_make_no_plan(tmp_path, capsys, flags, message):
+    import json
+
+    from hf_zero.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "vocab_size": 256}))
+    assert main(["plan", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
