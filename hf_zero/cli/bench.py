@@ -114,6 +114,10 @@ def run(args) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag} must be a positive integer, got {value}")
+    for flag in ("max_minutes", "setup_timeout"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:  # also NaN
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number, got {value:g}")
     opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,

@@ -528,3 +528,13 @@ def test_replan_recomputes_the_planner_column_with_the_installed_planner(tmp_pat
     md = (tmp_path / "results.md").read_text()
     assert "| planner predicts each measured peak within +-15% | PASS |" in md and "was recomputed on" in md
     assert main(["bench", "--replan"]) == 2 and "pass it with --report" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--setup-timeout", "0"], "--setup-timeout must be a positive number, got 0"),
+    (["--setup-timeout", "nan"], "--setup-timeout must be a positive number"),
+    (["--max-minutes", "-1"], "--max-minutes must be a positive number, got -1"),
+])
+def test_bench_refuses_time_limits_that_are_not_positive(tmp_path, capsys, flags, message):
+    assert main(["bench", "--out", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
