@@ -21,21 +21,17 @@ from .config.dotted import zero_stage
 from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
 from .config.validate import check_config
-from .distributed import from_rank0, has_gpu, is_distributed, world_size
+from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, world_size
 from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .errors import CheckpointError, ConfigError
 
 logger = logging.getLogger("hf_zero")
 
+# Accelerators whose live config fix_loop_config has fixed and checked (hf_zero.accelerator() or prepare())
+_FIXED = weakref.WeakSet()
 # Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
 _SAVE_GROUPS = weakref.WeakKeyDictionary()
 SAVE_ARRIVAL_TIMEOUT_S = 120
-
-
-def _launched_with_deepspeed() -> bool:
-    import os
-
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
 
 
 def accelerator(**kwargs):
@@ -46,19 +42,26 @@ def accelerator(**kwargs):
     live DeepSpeed config is checked and fixed as ZeroCallback does for the Trainer (see ``prepare``)."""
     from accelerate import Accelerator, PartialState
 
-    if _launched_with_deepspeed() and not has_gpu():
+    if accelerate_launched_deepspeed() and not has_gpu():
         PartialState(cpu=True)
     made = Accelerator(**kwargs)
     plugin = made.state.deepspeed_plugin
     if plugin is not None:
-        for note in fix_loop_config(plugin.deepspeed_config):
-            logger.warning("hf_zero: %s", note)
+        _fix_once(made)
         if is_distributed():
             import torch.distributed as dist
 
             # gloo for this handshake even on GPUs: NCCL has no monitored barrier
             _SAVE_GROUPS[made] = dist.new_group(backend="gloo", timeout=timedelta(seconds=SAVE_ARRIVAL_TIMEOUT_S))
     return made
+
+
+def _fix_once(accelerator) -> None:
+    if accelerator in _FIXED:
+        return
+    for note in fix_loop_config(accelerator.state.deepspeed_plugin.deepspeed_config):
+        logger.warning("hf_zero: %s", note)
+    _FIXED.add(accelerator)
 
 
 def fix_loop_config(config: dict) -> list:
@@ -74,7 +77,7 @@ def fix_loop_config(config: dict) -> list:
     return notes
 
 
-def _with_preset_optimizer(config: dict, optimizer, params_of):
+def _with_preset_optimizer(config: dict, optimizer):
     """A DummyOptim (or, for a torch Adam/AdamW, one with its hyperparameters) for the config's optimizer block, with
     the "auto" betas/eps Accelerate does not fill taken from it (torch's AdamW defaults when it names none)."""
     import torch
@@ -88,7 +91,8 @@ def _with_preset_optimizer(config: dict, optimizer, params_of):
                               f"{type(optimizer).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), "
                               "lr=...), or remove the config's optimizer block to train with your own optimizer.")
         defaults = optimizer.defaults
-        optimizer = DummyOptim(params_of(optimizer), lr=defaults["lr"], weight_decay=defaults.get("weight_decay", 0.0),
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer = DummyOptim(params, lr=defaults["lr"], weight_decay=defaults.get("weight_decay", 0.0),
                                betas=defaults.get("betas"), eps=defaults.get("eps"))
     if isinstance(optimizer, DummyOptim):
         extra = optimizer.kwargs
@@ -113,14 +117,13 @@ def prepare(accelerator, model, *objects):
     if accelerator.num_processes != world_size():
         # Accelerate sized the batch for its own world; DeepSpeed would assert on it inside prepare
         raise ConfigError(training_alone(accelerator.num_processes, world_size(), "the Accelerator"))
-    for note in fix_loop_config(config):  # already done by hf_zero.accelerator(); a plain Accelerator gets it here
-        logger.warning("hf_zero: %s", note)
+    _fix_once(accelerator)  # done by hf_zero.accelerator(); a plain Accelerator gets it here
     from accelerate.utils import DummyOptim
 
     objects = list(objects)
     for i, obj in enumerate(objects):
         if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
-            objects[i] = _with_preset_optimizer(config, obj, lambda o: [p for g in o.param_groups for p in g["params"]])
+            objects[i] = _with_preset_optimizer(config, obj)
     prepared = accelerator.prepare(model, *objects)
     engine = prepared[0] if isinstance(prepared, tuple) else prepared
     sp, tp = parallel_sizes(config, getattr(accelerator, "parallelism_config", None))

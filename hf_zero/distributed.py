@@ -68,6 +68,11 @@ def launcher_free_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("ACCELERATE_")}
 
 
+def accelerate_launched_deepspeed() -> bool:
+    """Whether ``accelerate launch`` started this process with a DeepSpeed config (ACCELERATE_USE_DEEPSPEED)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+
+
 def is_distributed() -> bool:
     """Whether a torch.distributed process group is running in this process."""
     import torch.distributed as dist

@@ -3,7 +3,7 @@
 
 import os
 
-from .config.dotted import get_dotted
+from .config.dotted import tensor_parallel_size
 from .zero3.partitions import is_partitioned
 
 
@@ -14,8 +14,7 @@ def parallel_sizes(config: dict, parallelism_config=None) -> tuple:
     sp = 1
     if parallelism_config is not None and getattr(parallelism_config, "sp_backend", None) == "deepspeed":
         sp = getattr(parallelism_config, "sp_size", None) or 1
-    tp = get_dotted(config, "tensor_parallel.autotp_size", 1) or 1
-    return int(sp), int(tp)
+    return int(sp), tensor_parallel_size(config)
 
 
 def layout_problems(launched: int, sp: int = 1, tp: int = 1, attention_heads: int | None = None) -> list:

@@ -29,6 +29,12 @@ def zero_stage(config: dict) -> int:
     return get_dotted(config, "zero_optimization.stage", 0)
 
 
+def tensor_parallel_size(config: dict) -> int:
+    """DeepSpeed AutoTP's degree (tensor_parallel.autotp_size), 1 when unset or not a positive integer."""
+    tp = get_dotted(config, "tensor_parallel.autotp_size", 1)
+    return tp if isinstance(tp, int) and tp > 0 else 1
+
+
 def offload_devices(config: dict) -> set:
     """Where zero_optimization's offload_optimizer / offload_param blocks put states ("cpu", "nvme")."""
     blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_optimizer", "offload_param"))

@@ -8,7 +8,7 @@ import copy
 import os
 from dataclasses import dataclass, field
 
-from .dotted import get_dotted
+from .dotted import get_dotted, tensor_parallel_size
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
 from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
 
@@ -34,9 +34,7 @@ class CheckContext:
     def data_parallel_size(self) -> int:
         """The ranks that split the batch: the world divided by sequence and tensor parallelism (DeepSpeed's own
         batch assertion counts these)."""
-        tp = get_dotted(self.config, "tensor_parallel.autotp_size", 1)
-        tp = tp if isinstance(tp, int) and tp > 0 else 1
-        return max(1, self.world_size // (self.sequence_parallel * tp))
+        return max(1, self.world_size // (self.sequence_parallel * tensor_parallel_size(self.config)))
 
     @property
     def zero(self) -> dict:

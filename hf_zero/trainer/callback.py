@@ -13,7 +13,7 @@ from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
-from ..config.dotted import get_dotted, offload_devices
+from ..config.dotted import get_dotted, offload_devices, zero_stage
 from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
@@ -232,7 +232,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                                     sequence_parallel=sp):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))
-        self.stage = get_dotted(config, "zero_optimization.stage", 0)
+        self.stage = zero_stage(config)
         note = single_process_note(config, self.stage, world_size())
         if note:
             self._warn(note)

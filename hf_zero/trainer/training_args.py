@@ -11,13 +11,13 @@ import transformers
 from ..config.live import drop_gpu_only_settings
 from ..config.presets import load_config
 from ..config.validate import check_config
-from ..distributed import has_gpu, init_distributed, world_size
+from ..distributed import accelerate_launched_deepspeed, has_gpu, init_distributed, world_size
 from ..errors import ConfigError
 
 
 def accelerate_deepspeed_file():
     """The DeepSpeed JSON an ``accelerate launch --config_file recipes/accelerate/...`` run uses."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"):
+    if accelerate_launched_deepspeed():
         return os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None
     return None
 
