@@ -10,6 +10,7 @@ field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-bindi
 ``dynamo.NAME`` (a ``torch._dynamo.config`` setting of the workers, e.g. ``dynamo.recompile_limit=64``),
 ``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``),
 ``callback.OPTION`` (a ZeroCallback option of DeepSpeed setups, e.g. ``callback.cast_adapters=false``),
+``long_context=true`` / ``long_context.PART=false`` (hf_zero.enable_long_context, any setup; turns on checkpointing),
 ``data.min_seq`` / ``data.pad_to_multiple_of`` (variable-length samples of min_seq..seq tokens, each batch padded
 to its longest, as DataCollatorWithPadding pads a tokenized dataset) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import ConfigError
 from ..config.dotted import get_dotted, set_dotted
 from ..config.presets import load_config
+from ..long_context import LongContext
 
 MICRO_BATCH, GC_MICRO_BATCH = 4, 8
 PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
@@ -79,6 +81,7 @@ class Setup:
     lora: dict = field(default_factory=dict)  # peft.LoraConfig fields; empty: full fine-tuning
     data: dict = field(default_factory=dict)  # DATA_FIELDS; empty: every sample is --seq tokens long
     callback: dict = field(default_factory=dict)  # ZeroCallback options (hf_zero.attach keywords)
+    long_context: dict = field(default_factory=dict)  # hf_zero.enable_long_context parts; empty: off
     base: str = ""  # the named setup it derives from
 
     @property
@@ -211,6 +214,7 @@ def parse_variant(spec: str, known: dict) -> Setup:
     setup = copy.deepcopy(known[base])
     setup.name = name
     problems = []
+    long_parts = setup.long_context or None
     # split on commas that start a new key=, so values such as PYTORCH_CUDA_ALLOC_CONF's "a:1,b:2" survive
     for item in filter(None, re.split(r",(?=[A-Za-z_][\w.\-]*=)", assignments)):
         key, eq, raw = item.partition("=")
@@ -264,6 +268,14 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 problems.append(problem)
             else:
                 setup.callback[key.removeprefix("callback.")] = value
+        elif key == "long_context" or key.startswith("long_context."):
+            part = key.partition(".")[2]
+            if value not in (True, False):
+                problems.append(f"{key} must be true or false, got {raw!r}")
+            elif part:  # naming a part turns the switch on; the parts not named stay on
+                long_parts = {**(long_parts or {}), part: value}
+            else:
+                long_parts = {} if value else None
         elif key.startswith("data."):
             name = key.removeprefix("data.")
             if name not in DATA_FIELDS:
@@ -282,6 +294,15 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 node.pop(leaf, None)
         else:
             set_dotted(setup.deepspeed, key, value)
+    if long_parts is not None:
+        try:
+            parts = LongContext.from_option(long_parts)
+        except ConfigError as e:
+            problems.append(str(e))
+        else:
+            setup.long_context = parts.as_dict()
+            if parts.offload_activations:
+                setup.gradient_checkpointing = True  # the offload moves what checkpointing keeps
     if setup.data and "min_seq" not in setup.data:
         problems.append("data.pad_to_multiple_of pads variable-length samples: give data.min_seq too")
     if problems:

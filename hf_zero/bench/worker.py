@@ -228,8 +228,10 @@ def build_args(spec: dict, setup: dict):
         save_strategy="no", report_to=[], disable_tqdm=True, bf16=True, seed=0, dataloader_drop_last=True,
         **{CHECKPOINTING_ARG: gc},
     )
-    if gc:  # non-reentrant everywhere, as ZeroCallback sets it for DeepSpeed: the same recompute for all setups
-        kwargs[f"{CHECKPOINTING_ARG}_kwargs"] = {"use_reentrant": False}
+    if gc:  # non-reentrant everywhere, as ZeroCallback sets it for DeepSpeed: the same recompute for all setups;
+        # reentrant where the long-context offload needs it (its save_for_backward is what goes to the host)
+        offload = (setup.get("long_context") or {}).get("offload_activations", False)
+        kwargs[f"{CHECKPOINTING_ARG}_kwargs"] = {"use_reentrant": offload}
     if not on_gpu:
         kwargs["use_cpu"] = True
     if setup["kind"] == "ddp":
@@ -297,6 +299,8 @@ def main(argv=None):
     model = build_model(spec, setup)
     partitioned = hf_zero.is_partitioned(model)
     model = with_lora(model, setup)
+    if setup.get("long_context"):
+        hf_zero.enable_long_context(model, setup["long_context"])
     if setup["deepspeed"] and setup["deepspeed"]["zero_optimization"]["stage"] == 3 and not partitioned:
         raise RuntimeError("stage 3, but the model was not built under zero.Init")
     world = args.world_size

@@ -19,10 +19,11 @@ from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
 from ..errors import CheckpointError, ConfigError
+from ..long_context import LongContext, enable_long_context, long_context_of
 from ..modeling import has_frozen_parameters
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
-                                     set_gradient_checkpointing_kwargs)
+                                     set_gradient_checkpointing_kwargs, turn_on_gradient_checkpointing)
 from .memory import all_ranks_memory
 from .padding import padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
@@ -107,14 +108,18 @@ class ZeroCallback(TrainerCallback, ExportableState):
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step.
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
+    ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
+    offloaded checkpointed activations before the engine exists, with reentrant gradient checkpointing.
     At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
 
-    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True):
+    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
+                 long_context=None):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
+        self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.stage = None
         self.warnings = []
@@ -124,7 +129,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
     @property
     def options(self) -> dict:
         return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
-                "cast_adapters": self.cast_adapters}
+                "cast_adapters": self.cast_adapters,
+                "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
     def attach(self, trainer) -> "ZeroCallback":
@@ -153,6 +159,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
             return self
         _PREPARED[trainer] = self
         self._saved_use_cache = _loaded_use_cache(trainer.model)
+        if self.long_context is not None:
+            self._prepare_long_context(trainer.args, trainer.model)
         self._before_engine(trainer.args, trainer.model)
         if deepspeed_config_of(trainer.args) is not None:
             self._take_over_rotation(trainer.args)
@@ -163,6 +171,26 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if getattr(trainer, "is_in_train", False):
             self._redo_gradient_checkpointing(trainer)
         return self
+
+    def _prepare_long_context(self, args, model) -> None:
+        """The parts go on the model; offloading what checkpointing saves needs checkpointing, and reentrant
+        checkpointing: it saves each layer's input with save_for_backward, which the offload hook sees (the
+        non-reentrant kind keeps it in a closure, out of reach)."""
+        parts = enable_long_context(model, self.long_context)
+        if not parts.offload_activations:
+            return
+        if not gradient_checkpointing_on(args):
+            turn_on_gradient_checkpointing(args)
+            self._warn("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
+                       "layer inputs to host memory.")
+        kwargs = dict(gradient_checkpointing_kwargs(args) or {})
+        if kwargs.get("use_reentrant") is False:
+            self._warn("long_context: gradient_checkpointing_kwargs={'use_reentrant': False} keeps each layer's "
+                       "input out of reach of the offload, so checkpointed activations stay on the GPU. Fix: drop "
+                       "use_reentrant=False, or long_context={'offload_activations': False} to say so.")
+            return
+        kwargs["use_reentrant"] = True
+        set_gradient_checkpointing_kwargs(args, kwargs)
 
     def _take_over_from(self, previous: "ZeroCallback") -> None:
         for name in ("stage", "warnings", "_saved_use_cache", "_save_total_limit"):
@@ -261,7 +289,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if kwargs is None:
                 # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
                 set_gradient_checkpointing_kwargs(args, {"use_reentrant": False})
-            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model):
+            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model) \
+                    and not getattr(long_context_of(model), "offload_activations", False):
                 # (with frozen weights, e.g. TRL's PEFT runs, reentrant checkpointing is the known-good path)
                 self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
                            "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
@@ -369,6 +398,9 @@ def attach(trainer, **options) -> ZeroCallback:
     existing = next((c for c in trainer.callback_handler.callbacks if isinstance(c, ZeroCallback)), None)
     if existing is None:
         return ZeroCallback(**options).attach(trainer)
+    if "long_context" in options:  # True and the dict of all parts are the same request
+        parts = LongContext.from_option(options["long_context"])
+        options = {**options, "long_context": parts.as_dict() if parts else None}
     differ = {k: v for k, v in options.items() if existing.options.get(k, v) != v or k not in existing.options}
     if differ:
         raise ConfigError(f"this Trainer has a ZeroCallback already, with {existing.options}; attach asked for "

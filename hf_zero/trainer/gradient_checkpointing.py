@@ -19,6 +19,12 @@ def gradient_checkpointing_kwargs(args):
     return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
 
 
+def turn_on_gradient_checkpointing(args) -> None:
+    for name in ("activation_checkpointing", "gradient_checkpointing"):  # 5.24's name and its deprecated alias
+        if hasattr(args, name):
+            setattr(args, name, True)
+
+
 def set_gradient_checkpointing_kwargs(args, kwargs) -> None:
     # transformers 5.24 reads activation_checkpointing_kwargs; older 5.x gradient_checkpointing_kwargs
     for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):

@@ -182,6 +182,8 @@ def main():
                    help="change the live config's ZeRO stage after hf_zero.attach (the engine is built from it)")
     p.add_argument("--world-size-after-attach", type=int, default=None,
                    help="set WORLD_SIZE after hf_zero.attach, so the engine's data-parallel size differs from it")
+    p.add_argument("--length", type=int, default=16, help="tokens per sample")
+    p.add_argument("--long-context", action="store_true", help="hf_zero.attach(trainer, long_context=True)")
     p.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     opts = p.parse_args()
 
@@ -198,14 +200,14 @@ def main():
         model = model_class.from_pretrained(opts.model, dtype=dtype)  # zero.Init through TrainingArguments
     partitioned_at_load = hf_zero.is_partitioned(model)
 
-    data = RandomTokens(opts.task, model.config.vocab_size)
+    data = RandomTokens(opts.task, model.config.vocab_size, length=opts.length)
     mode = opts.callback or ("instance" if opts.callback_in_list else None if opts.no_attach else "attach")
     in_list = {"instance": [hf_zero.ZeroCallback()], "class": [hf_zero.ZeroCallback], "twice": [hf_zero.ZeroCallback(), hf_zero.ZeroCallback()]}.get(mode)
     # a tokenizer saved beside the model goes into every checkpoint, as in a real fine-tune
     tokenizer = transformers.AutoTokenizer.from_pretrained(opts.model) if (Path(opts.model) / "tokenizer_config.json").exists() else None
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=in_list, processing_class=tokenizer)
     if mode == "attach":
-        hf_zero.attach(trainer)
+        hf_zero.attach(trainer, **({"long_context": True} if opts.long_context else {}))
     elif mode == "add-callback":
         trainer.add_callback(hf_zero.ZeroCallback())
     logged = LoggedKeys()
