@@ -228,10 +228,8 @@ def build_args(spec: dict, setup: dict):
         save_strategy="no", report_to=[], disable_tqdm=True, bf16=True, seed=0, dataloader_drop_last=True,
         **{CHECKPOINTING_ARG: gc},
     )
-    if gc:  # non-reentrant everywhere, as ZeroCallback sets it for DeepSpeed: the same recompute for all setups;
-        # reentrant where the long-context offload needs it (its save_for_backward is what goes to the host)
-        offload = (setup.get("long_context") or {}).get("offload_activations", False)
-        kwargs[f"{CHECKPOINTING_ARG}_kwargs"] = {"use_reentrant": offload}
+    if gc:  # non-reentrant everywhere, as ZeroCallback sets it for DeepSpeed: the same recompute for all setups
+        kwargs[f"{CHECKPOINTING_ARG}_kwargs"] = {"use_reentrant": False}
     if not on_gpu:
         kwargs["use_cpu"] = True
     if setup["kind"] == "ddp":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
+from transformers.training_args import ParallelMode
 from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
@@ -19,7 +20,7 @@ from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
 from ..errors import CheckpointError, ConfigError
-from ..long_context import LongContext, enable_long_context, long_context_of
+from ..long_context import LongContext, enable_long_context
 from ..modeling import has_frozen_parameters
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
@@ -109,7 +110,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     parameters are partitioned; otherwise ConfigError before the first step.
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
-    offloaded checkpointed activations before the engine exists, with reentrant gradient checkpointing.
+    offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
     At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
@@ -173,24 +174,17 @@ class ZeroCallback(TrainerCallback, ExportableState):
         return self
 
     def _prepare_long_context(self, args, model) -> None:
-        """The parts go on the model; offloading what checkpointing saves needs checkpointing, and reentrant
-        checkpointing: it saves each layer's input with save_for_backward, which the offload hook sees (the
-        non-reentrant kind keeps it in a closure, out of reach)."""
+        """The parts go on the model; offloading what checkpointing saves needs checkpointing on."""
         parts = enable_long_context(model, self.long_context)
-        if not parts.offload_activations:
-            return
-        if not gradient_checkpointing_on(args):
+        if parts.tiled_mlp and deepspeed_config_of(args) is None and args.parallel_mode == ParallelMode.DISTRIBUTED:
+            raise ConfigError("long_context: tiled_mlp computes each MLP weight's gradient shard by shard, and DDP "
+                              "reduces a gradient once per backward ('Expected to mark a variable ready only once'). "
+                              "Fix: a DeepSpeed preset (its ZeRO hooks wait for the last shard), or "
+                              "long_context={'tiled_mlp': False}.")
+        if parts.offload_activations and not gradient_checkpointing_on(args):
             turn_on_gradient_checkpointing(args)
             self._warn("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
                        "layer inputs to host memory.")
-        kwargs = dict(gradient_checkpointing_kwargs(args) or {})
-        if kwargs.get("use_reentrant") is False:
-            self._warn("long_context: gradient_checkpointing_kwargs={'use_reentrant': False} keeps each layer's "
-                       "input out of reach of the offload, so checkpointed activations stay on the GPU. Fix: drop "
-                       "use_reentrant=False, or long_context={'offload_activations': False} to say so.")
-            return
-        kwargs["use_reentrant"] = True
-        set_gradient_checkpointing_kwargs(args, kwargs)
 
     def _take_over_from(self, previous: "ZeroCallback") -> None:
         for name in ("stage", "warnings", "_saved_use_cache", "_save_total_limit"):
@@ -289,8 +283,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if kwargs is None:
                 # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
                 set_gradient_checkpointing_kwargs(args, {"use_reentrant": False})
-            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model) \
-                    and not getattr(long_context_of(model), "offload_activations", False):
+            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model):
                 # (with frozen weights, e.g. TRL's PEFT runs, reentrant checkpointing is the known-good path)
                 self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
                            "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")

@@ -8,8 +8,9 @@ while it recomputes. ``enable_long_context`` removes each of them with a part th
   chunks, so the logits never exist whole; the loss is the same token-mean cross-entropy.
 - ``tiled_mlp``: DeepSpeed's ``TiledMLP`` runs each decoder layer's MLP on sequence shards of ``hidden_size``
   tokens and recomputes them in backward, so one shard's intermediates exist at a time.
-- ``offload_activations``: with reentrant gradient checkpointing, each checkpointed layer's input is saved to
-  (pinned) host memory during forward and brought back in backward (``torch.autograd.graph.save_on_cpu``).
+- ``offload_activations``: with gradient checkpointing, each checkpointed layer's input is saved to
+  pinned host memory during forward and brought back in backward (torch's ``save_on_cpu`` around each checkpoint
+  call, as transformers' ``activation_checkpointing_kwargs={'offload': True}`` does on GPUs).
 
 The attention must be memory-linear in the sequence (sdpa or flash attention; eager builds ``seq x seq`` scores).
 """
@@ -19,8 +20,9 @@ import math
 import types
 from dataclasses import asdict, dataclass, fields
 
-from .errors import ConfigError
-from .modeling import unwrap_model
+from ..errors import ConfigError
+from ..modeling import unwrap_model
+from .offload import offloaded
 
 LINEAR_MEMORY_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 _MARK = "_hf_zero_long_context"  # set on the causal LM: which parts it runs
@@ -194,41 +196,20 @@ def _fuse_loss(lm) -> None:
 
 
 def _offload_layer_inputs(lm) -> None:
-    """Reentrant checkpointing saves each layer's input with save_for_backward; inside save_on_cpu that copy
-    lives on the host. Only the decoder stack runs inside it: the LM head's saved weight stays where it is."""
-    import torch
+    """Each checkpoint call runs inside the host offload: the checkpoint saves its layer's input for backward
+    (reentrant: save_for_backward; non-reentrant: its saved inputs), and the offload's pack hook moves that copy to
+    host memory. The recompute in backward runs outside it, so one recomputed layer's activations stay on the GPU.
+    transformers installs the checkpoint function when training starts (gradient_checkpointing_enable), so the
+    model's installer is wrapped, and a function already installed is wrapped now."""
+    install = lm._set_gradient_checkpointing
 
-    stack = lm.base_model if lm.base_model is not lm else lm
-    active = []
-    if torch.cuda.is_available():
-        _exact_size_pinned_blocks()
+    def set_gradient_checkpointing(enable=True, gradient_checkpointing_func=None, **kwargs):
+        if gradient_checkpointing_func is not None:
+            kwargs["gradient_checkpointing_func"] = offloaded(gradient_checkpointing_func)
+        return install(enable, **kwargs)
 
-    def enter(module, args, kwargs):
-        if module.training and torch.is_grad_enabled():
-            context = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
-            context.__enter__()
-            active.append(context)
-
-    def leave(module, args, kwargs, output):
-        if active:
-            active.pop().__exit__(None, None, None)
-
-    stack.register_forward_pre_hook(enter, with_kwargs=True)
-    stack.register_forward_hook(leave, with_kwargs=True, always_call=True)
-
-
-def _exact_size_pinned_blocks() -> None:
-    """torch's pinned-memory cache rounds each block up to a power of two: a 2.1 GiB layer input would take
-    4 GiB of host RAM. Blocks above 64 MiB get their exact size, unless the user configured the threshold."""
-    import os
-
-    import torch
-
-    configured = os.environ.get("PYTORCH_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "pinned_max_round_threshold_mb" in configured:
-        return
-    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
-    try:
-        set_settings("pinned_max_round_threshold_mb:64")
-    except (RuntimeError, AttributeError):  # a torch without the setting: blocks stay rounded
-        pass
+    lm._set_gradient_checkpointing = set_gradient_checkpointing
+    for layer in decoder_layers(lm):
+        installed = getattr(layer, "_gradient_checkpointing_func", None)
+        if installed is not None:
+            layer._gradient_checkpointing_func = offloaded(installed)
