@@ -13,7 +13,8 @@ Bytes per parameter Psi (bf16 mixed precision, Adam), N = data-parallel ranks ov
 memory snapshot of the peak showed them (``hf-zero bench --memory-snapshot`` and ``--simulate-ranks``):
 
     setup          backward phase, on each GPU                        in host memory / on NVMe
-    DDP            16 (fp32 weights, grads, Adam) + 4 (DDP's gradient buckets, when N > 1)
+    DDP            12 (fp32 weights, Adam; the gradients come in the backward, 16 at the step)
+                   + 4 (DDP's gradient buckets, when N > 1) + autocast's 16-bit weight copies
     zero1, zero2   2 (16-bit weights) + 12/N (fp32 master, Adam m, v)
     zero2_offload  2 + the reduce buckets                               16/N per rank
     zero3          16/N (2 + 2 + 12: 16-bit weight and gradient partitions, fp32 states)
@@ -27,7 +28,11 @@ ZeRO-3's peak above its states does not fall with N (12.2 GiB for 1.35B at N = 2
 why an N-free term belongs here: a model of 18/N with no gathered term fitted 2 GPUs and was 22-29%
 under at 8. Activations follow the model's shapes (hidden h, intermediate i, layers, vocab) per token;
 with gradient checkpointing only each layer's input is kept, plus one layer being recomputed;
-torch.compile's fused layers keep fewer of them. The constants marked "calibrated" were fitted to
+torch.compile's fused layers keep fewer of them. The plain Trainer (DDP or one process) autocasts an fp32 model,
+so its residual stream is fp32 and its loss holds fp32 logits: its activations are counted tensor by tensor
+(``plain_activation_phases``) at three moments of the step, and the longest sequence it fits matches the one
+measured. hf_zero's long-context parts (LONG_CONTEXT_PARTS) and Ulysses sequence parallelism change the per-token
+terms; ``longest_sequence`` bisects over the same estimate. The constants marked "calibrated" were fitted to
 memory snapshots of the 1.35B model on H200s (benchmarks): tests/test_planner.py holds
 every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
 on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
@@ -499,7 +504,8 @@ def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity:
     step = run.sequence_parallel
 
     def fits(k: int) -> bool:
-        return shortfall(estimate(setup, model, replace(run, seq=k * step)), gpu_capacity, host_capacity, headroom) is None
+        planned = estimate(setup, model, replace(run, seq=k * step))
+        return shortfall(planned, gpu_capacity, host_capacity, headroom) is None
 
     if not fits(1):
         return None

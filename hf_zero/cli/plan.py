@@ -98,14 +98,16 @@ def render(plan) -> str:
              f"{', torch.compile' if r.compiled else ''}"
              f"{f', LoRA r={r.lora_r} on {_targets(m, r)}' if r.lora_r else ''}", ""]
     components = _components(plan)
-    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in components) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}{'max seq':>12}  peak in"
+    head = (f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in components)
+            + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}{'max seq':>12}  peak in")
     lines.append(head)
     for est in plan.estimates:
         cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in components)
         mark = "  <- recommended" if est.setup == plan.choice else ""
         longest = plan.max_seq[est.setup]
+        longest = "-" if longest is None else f"{longest:,}"
         lines.append(f"{est.setup:<14}{cells}{est.gpu_total / GIB:>10.1f}{est.host_per_node / GIB:>10.1f}"
-                     f"{est.nvme_per_node / GIB:>10.1f}{'-' if longest is None else f'{longest:,}':>12}  {est.phase}{mark}")
+                     f"{est.nvme_per_node / GIB:>10.1f}{longest:>12}  {est.phase}{mark}")
     lines.append("")
     if plan.choice:
         lines.append(f"Recommended: {plan.choice} ({plan.reasons[plan.choice]})")
@@ -114,8 +116,10 @@ def render(plan) -> str:
     for setup in SETUPS:
         if setup != plan.choice and not plan.reasons[setup].startswith("fits"):
             lines.append(f"  not {setup}: {plan.reasons[setup]}")
-    lines.append(f"max seq: the longest sequence that fits {r.micro_batch} per micro batch in 90% of each GPU"
-                 f"{' and of host memory' if plan.cpu_capacity else ''} (a multiple of the sequence-parallel size)")
+    parallel = r.sequence_parallel > 1
+    lines.append(f"max seq: the longest sequence that fits (micro batch {r.micro_batch}) in 90% of each GPU"
+                 f"{' and of host memory' if plan.cpu_capacity else ''}"
+                 f"{f', a multiple of {r.sequence_parallel} (the sequence-parallel size)' if parallel else ''}")
     return "\n".join(lines)
 
 
@@ -213,8 +217,8 @@ def _check_layout(model, run_shape) -> None:
     """Ulysses splits the world into groups of sp GPUs and gives each GPU heads / sp whole attention heads."""
     sp, world = run_shape.sequence_parallel, run_shape.ranks
     if world % sp:
-        raise ConfigError(f"--sequence-parallel {sp} does not divide the {world} GPU(s) of the plan (--gpus x --nodes): "
-                          f"Ulysses groups are {sp} GPUs each. Fix: a size that divides {world}, or more GPUs.")
+        raise ConfigError(f"--sequence-parallel {sp} does not divide the {world} GPU(s) of the plan (--gpus x "
+                          f"--nodes): Ulysses groups are {sp} GPUs each. Fix: a size that divides {world}, or more GPUs.")
     if sp > 1 and model.heads and model.heads % sp:
         raise ConfigError(f"--sequence-parallel {sp} does not divide {model.name}'s {model.heads} attention heads "
                           "(Ulysses gives each GPU whole heads). Fix: a size that divides the head count.")
