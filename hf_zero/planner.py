@@ -13,7 +13,8 @@ Bytes per parameter Psi (bf16 mixed precision, Adam), N = data-parallel ranks ov
 memory snapshot of the peak showed them (``hf-zero bench --memory-snapshot`` and ``--simulate-ranks``):
 
     setup          backward phase, on each GPU                        in host memory / on NVMe
-    DDP            16 (fp32 weights, grads, Adam) + 4 (DDP's gradient buckets, when N > 1)
+    DDP            12 (fp32 weights, Adam; the gradients come in the backward, 16 at the step)
+                   + 4 (DDP's gradient buckets, when N > 1) + autocast's 16-bit weight copies
     zero1, zero2   2 (16-bit weights) + 12/N (fp32 master, Adam m, v)
     zero2_offload  2 + the reduce buckets                               16/N per rank
     zero3          16/N (2 + 2 + 12: 16-bit weight and gradient partitions, fp32 states)
@@ -27,7 +28,11 @@ ZeRO-3's peak above its states does not fall with N (12.2 GiB for 1.35B at N = 2
 why an N-free term belongs here: a model of 18/N with no gathered term fitted 2 GPUs and was 22-29%
 under at 8. Activations follow the model's shapes (hidden h, intermediate i, layers, vocab) per token;
 with gradient checkpointing only each layer's input is kept, plus one layer being recomputed;
-torch.compile's fused layers keep fewer of them. The constants marked "calibrated" were fitted to
+torch.compile's fused layers keep fewer of them. The plain Trainer (DDP or one process) autocasts an fp32 model,
+so its residual stream is fp32 and its loss holds fp32 logits: its activations are counted tensor by tensor
+(``plain_activation_phases``) at three moments of the step, and the longest sequence it fits matches the one
+measured. hf_zero's long-context parts (LONG_CONTEXT_PARTS) and Ulysses sequence parallelism change the per-token
+terms; ``longest_sequence`` bisects over the same estimate. The constants marked "calibrated" were fitted to
 memory snapshots of the 1.35B model on H200s (benchmarks): tests/test_planner.py holds
 every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
 on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
@@ -42,7 +47,7 @@ casts the adapters to the base's 16 bits, as ZeRO-1/2 train them; ``RunShape.fp3
 a run without that cast.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 GIB = 1024**3
 SETUPS = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme")
@@ -67,6 +72,30 @@ LLAMA_NORMS = 2  # RMSNorms per layer: trainable, each keeps its normalized inpu
 # Reduce buckets alive at once: two with overlap_comm (DeepSpeed's setup_buckets double-buffers), one without
 REDUCE_BUCKETS = {"zero1": 2, "zero2": 1, "zero2_offload": 2}
 
+# hf_zero's long-context switch, each part optional:
+# - tiled_mlp: DeepSpeed's TiledMLP runs each decoder layer's MLP on ceil(seq / hidden) sequence shards and
+#   recomputes it in backward, so the MLP's seq x intermediate tensors exist for one shard at a time;
+# - fused_loss: TRL's fused LM head (add_fused_lm_head) scores the labelled positions in tiles: the seq x vocab
+#   logits, their fp32 upcast and their gradient never exist;
+# - offload_activations: each checkpointed layer's saved input goes to pinned host memory in the forward and
+#   comes back in the backward (it implies gradient checkpointing).
+LONG_CONTEXT_PARTS = ("tiled_mlp", "fused_loss", "offload_activations")
+# The plain Trainer (DDP or one process) with bf16 autocasts a model kept in fp32; the terms below are the tensors
+# it holds per token. Measured on one H200 (1.35B: hidden 2048, 24 layers, vocab 32000; gradient checkpointing,
+# micro batch 1): 25.92, 52.04, 88.79, 125.55 GiB at seq 16k, 64k, 128k, 192k; counted per token (602,112 bytes
+# at the logits' backward) the plan is within 1% of each.
+# - log_softmax's fp32 output (saved for its backward), nll_loss's fp32 gradient of it, and log_softmax's fp32
+#   gradient of the logits: three seq x vocab fp32 tensors alive together when the backward starts;
+LOGITS_BACKWARD = 3 * 4
+# - in the forward: the 16-bit logits, the fp32 upcast transformers' loss makes (as log_softmax's input, then
+#   Accelerate's convert_outputs_to_fp32 copy of the returned logits) and log_softmax's saved fp32 output.
+LOGITS_FORWARD_FP32 = 2 * 4
+# TRL's fused LM head (trl/kernels/chunked_logprob.py): per token, fp32 running statistics of the online
+# logsumexp (max, sum of exp, target logit, log_z, log-prob and the optional entropy sums); per call, one
+# TOKEN_CHUNK_SIZE x chunk tile of logits in the compute dtype.
+FUSED_LOSS_FP32_PER_TOKEN = 10
+FUSED_LOSS_TILE = (4096, 32768)  # trl's TOKEN_CHUNK_SIZE and _CHUNKED_LOGPROB_CHUNK_SIZE
+
 
 @dataclass
 class ModelShape:
@@ -79,6 +108,14 @@ class ModelShape:
     name: str = ""
     linears: dict = field(default_factory=dict)  # Linear leaf name in that layer -> (in_features, out_features)
     model_type: str = ""
+    heads: int = 0  # attention heads (Ulysses gives each rank heads / sp of them)
+    head_dim: int = 0  # width of one head: the rotary cos/sin are seq x head_dim
+
+    @property
+    def linear_params(self) -> int:
+        """Weights that go through a matmul: the decoder layers' Linear layers and the LM head (what autocast casts)."""
+        per_layer = sum(i * o for i, o in self.linears.values())
+        return self.layers * per_layer + self.vocab * self.hidden if per_layer else self.params
 
     @classmethod
     def from_config(cls, config, name=""):
@@ -100,10 +137,12 @@ class ModelShape:
             for name, m in biggest.named_modules() if isinstance(m, torch.nn.Linear)}
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)
+        heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", 0)
         return cls(params=params, hidden=hidden, intermediate=getattr(text, "intermediate_size", None) or 4 * hidden,
                    layers=getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0),
                    vocab=getattr(text, "vocab_size", 0), largest_layer=largest, name=name, linears=linears,
-                   model_type=getattr(config, "model_type", ""))
+                   model_type=getattr(config, "model_type", ""), heads=heads,
+                   head_dim=getattr(text, "head_dim", None) or (hidden // heads if heads else 0))
 
     def lora_targets(self, targets) -> list:
         """The Linear leaf names of a decoder layer that ``targets`` (names, or "all-linear") adapts."""
@@ -134,10 +173,28 @@ class RunShape:
     lora_targets: tuple = ("all-linear",)  # the decoder layers' Linear names it adapts (peft's target_modules)
     fp32_adapters: bool = False  # ZeRO-3 trains the adapter in fp32 (without ZeroCallback's cast to 16 bits)
     reference_model: bool = False  # a frozen reference copy of the model (TRL's DPO/KTO), none with LoRA
+    sequence_parallel: int = 1  # DeepSpeed's Ulysses sp_size: each GPU holds seq / sp tokens of activations
+    long_context: tuple = ()  # parts of hf_zero's long-context switch (LONG_CONTEXT_PARTS)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.long_context) - set(LONG_CONTEXT_PARTS))
+        if unknown:
+            raise ValueError(f"unknown long-context part(s) {', '.join(unknown)} (the parts are: "
+                             f"{', '.join(LONG_CONTEXT_PARTS)})")
 
     @property
     def ranks(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def checkpointing(self) -> bool:
+        """Layers are checkpointed: asked for, or implied by offloading their saved inputs."""
+        return self.gradient_checkpointing or "offload_activations" in self.long_context
+
+    def tokens(self, sequence_parallel: bool = True) -> int:
+        """Tokens of activations on each GPU: the micro batch's, split over the Ulysses group when it applies."""
+        sp = self.sequence_parallel if sequence_parallel else 1
+        return -(-self.seq // sp) * self.micro_batch
 
     @property
     def element_bytes(self) -> int:
@@ -171,8 +228,66 @@ class Estimate:
 
 
 def logit_bytes(model: ModelShape, run: RunShape) -> int:
+    """What the loss holds on each GPU at the backward's peak under DeepSpeed (a 16-bit model, calibrated)."""
+    if "fused_loss" in run.long_context:
+        return fused_loss_bytes(model, run, run.element_bytes, run.element_bytes)
     width = run.element_bytes
-    return int(run.seq * run.micro_batch * model.vocab * LOGIT_BYTES * width / 2)
+    return int(run.tokens() * model.vocab * LOGIT_BYTES * width / 2)
+
+
+def fused_loss_bytes(model: ModelShape, run: RunShape, residual: int, compute: int, tokens: int | None = None,
+                     backward: bool = True) -> int:
+    """TRL's fused LM head on each GPU. Forward: per labelled token a copy of its hidden state (``residual`` bytes
+    wide, saved for the backward) and the fp32 per-token statistics; once, the logits tile and the head's weight in
+    the compute dtype. Backward adds, per token, the fp32 gradient of the hidden state the kernel accumulates and
+    that gradient cast back to the hidden state's dtype; once, the head weight's fp32 gradient."""
+    tokens = run.tokens() if tokens is None else tokens
+    h = model.hidden
+    per_token = h * residual + 4 * FUSED_LOSS_FP32_PER_TOKEN
+    once = min(tokens, FUSED_LOSS_TILE[0]) * FUSED_LOSS_TILE[1] * compute + model.vocab * h * compute
+    if backward:
+        per_token += 4 * h + (h * residual if residual != 4 else 0)
+        once += model.vocab * h * 4
+    return tokens * per_token + once
+
+
+def tiled_mlp_saving(model: ModelShape, run: RunShape) -> float:
+    """Bytes per token per layer that TiledMLP keeps less: the MLP's four intermediates (gate and up projections,
+    the activation of gate, its product with up; intermediate-wide, 16-bit), which exist for one shard at a time
+    (``tiled_mlp_shard_bytes``). Its saved input is the norm's output, which gate/up kept anyway; its backward
+    adds one hidden-wide gradient buffer (``torch.zeros_like(x)``) for the layer being differentiated."""
+    if "tiled_mlp" not in run.long_context:
+        return 0
+    return ACTIVATION_SCALE * 8 * model.intermediate * run.element_bytes / 2 - model.hidden * run.element_bytes
+
+
+def tiled_mlp_shard_bytes(model: ModelShape, run: RunShape, compute: int) -> int:
+    """One TiledMLP shard in backward: its four intermediates recomputed with autograd, and their gradients.
+    DeepSpeed cuts the sequence into ceil(seq / hidden) shards, so a shard holds about ``hidden`` tokens."""
+    if "tiled_mlp" not in run.long_context:
+        return 0
+    seq = run.tokens() // run.micro_batch
+    shards = -(-seq // model.hidden)
+    shard_tokens = -(-seq // shards) * run.micro_batch
+    return 2 * 4 * model.intermediate * compute * shard_tokens
+
+
+def offloaded_activation_bytes(model: ModelShape, run: RunShape, residual: int, sequence_parallel: bool = True) -> int:
+    """Host bytes per GPU process that offload_activations holds: each checkpointed layer's saved input
+    (seq x hidden) and the rotary cos/sin it saves with it (2 x seq x head_dim), in the residual stream's dtype."""
+    if "offload_activations" not in run.long_context:
+        return 0
+    return run.tokens(sequence_parallel) * model.layers * (model.hidden + 2 * model.head_dim) * residual
+
+
+def layer_bytes_per_token(model: ModelShape, run: RunShape, zero3: bool) -> float:
+    """What one decoder layer keeps for its backward per token (16-bit model; calibrated, see ACTIVATION_SCALE)."""
+    per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * run.element_bytes / 2
+    if run.lora_r:
+        per_layer_token -= frozen_base_saving(model, run, zero3)
+    if run.compiled:
+        per_layer_token *= COMPILED_ACTIVATIONS
+    return per_layer_token - tiled_mlp_saving(model, run)
 
 
 def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
@@ -204,20 +319,65 @@ def frozen_base_saving(model: ModelShape, run: RunShape, zero3: bool) -> int:
 
 
 def activation_bytes(model: ModelShape, run: RunShape, zero3: bool = False) -> int:
-    """Everything the forward keeps for the backward, the logits and the loss's gradient included."""
-    tokens = run.seq * run.micro_batch
+    """Everything the forward keeps for the backward on each GPU under DeepSpeed, the loss included.
+    With gradient checkpointing each layer's input is kept (on the host with offload_activations, where the GPU
+    holds the one layer's input being brought back) and one layer at a time is recomputed with its full
+    activations; Ulysses splits every term over the sequence-parallel group."""
+    tokens = run.tokens()
     width = run.element_bytes
-    per_layer_token = ACTIVATION_SCALE * (22 * model.hidden + 8 * model.intermediate) * width / 2
-    if run.lora_r:
-        per_layer_token -= frozen_base_saving(model, run, zero3)
-    if run.compiled:
-        per_layer_token *= COMPILED_ACTIVATIONS
-    if run.gradient_checkpointing:
-        # each layer's input is kept; one layer at a time is recomputed with its full activations
-        kept = tokens * model.layers * model.hidden * width + tokens * per_layer_token
+    per_layer_token = layer_bytes_per_token(model, run, zero3)
+    if run.checkpointing:
+        inputs = 1 if "offload_activations" in run.long_context else model.layers
+        kept = tokens * inputs * model.hidden * width + tokens * per_layer_token
     else:
         kept = tokens * model.layers * per_layer_token
-    return int(kept) + logit_bytes(model, run)
+    return int(kept) + tiled_mlp_shard_bytes(model, run, width) + logit_bytes(model, run)
+
+
+def plain_activation_phases(model: ModelShape, run: RunShape) -> dict:
+    """Moment of the step -> GPU bytes of the plain Trainer's activations (no DeepSpeed; Ulysses needs DeepSpeed,
+    so each GPU holds the whole sequence). With bf16 or fp16 it autocasts a model kept in fp32: the residual
+    stream (the embeddings, every layer's input and output, the norms) is fp32, the matmuls' outputs 16-bit.
+
+    - loss: the forward ends inside autocast: the logits in three forms (LOGITS_FORWARD_FP32), and the final norm's
+      output still referenced by the model's output;
+    - backward: the loss's backward, three fp32 seq x vocab tensors (LOGITS_BACKWARD); the peak at long sequences
+      unless the loss is fused;
+    - recompute: the first checkpointed layer recomputed, with its full activations and the gradient of its output.
+    Each holds the checkpointed inputs (or, without checkpointing, every layer's activations) and the final norm's."""
+    tokens = run.tokens(sequence_parallel=False)
+    h = model.hidden
+    autocast = run.dtype in ("bf16", "fp16")
+    residual, compute = 4, (2 if autocast else 4)
+    # one layer's activations: the 16-bit count, plus the two norms' outputs kept in fp32 (4h instead of 2h each)
+    layer = layer_bytes_per_token(model, run, zero3=False) + (2 * LLAMA_NORMS * h if autocast else 0)
+    rotary = 2 * model.head_dim * residual  # cos and sin, computed once and shared by every layer
+    offload = "offload_activations" in run.long_context
+    if run.checkpointing:
+        # each layer's saved input, fp32 (on the host with offload_activations)
+        kept = (0 if offload else model.layers * h * residual) + rotary
+    else:
+        kept = model.layers * layer + rotary
+    # the final norm: its fp32 input (its pow and mul save it), the normalized fp32 tensor (saved by the weight's
+    # mul) and the LM head's 16-bit cast of its output
+    kept += 4 * h + residual * h + compute * h
+    shard = tiled_mlp_shard_bytes(model, run, compute)
+    # the first recompute: the layer's input back from the host (offload), its activations, the gradient of its
+    # output (fp32, as the residual stream) and, without TiledMLP, two intermediate-wide 16-bit gradients inside its
+    # MLP's backward (of the product and of one of its factors; with TiledMLP they are the shard's)
+    mlp_grads = 0 if "tiled_mlp" in run.long_context else 2 * model.intermediate * compute
+    recompute = (h * residual if offload else 0) + layer + h * residual + mlp_grads
+    if "fused_loss" in run.long_context:
+        loss = {"loss": fused_loss_bytes(model, run, residual, compute, tokens, backward=False) + tokens * residual * h,
+                "backward": fused_loss_bytes(model, run, residual, compute, tokens)}
+    else:
+        head = model.vocab * h * compute if autocast else 0  # the LM head's 16-bit weight, saved for its backward
+        loss = {"loss": tokens * model.vocab * (compute + LOGITS_FORWARD_FP32) + tokens * residual * h,
+                "backward": tokens * model.vocab * LOGITS_BACKWARD + head}
+    phases = {moment: int(tokens * kept + extra) for moment, extra in loss.items()}
+    if run.checkpointing:
+        phases["recompute"] = int(tokens * (kept + recompute)) + shard
+    return phases
 
 
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
@@ -227,18 +387,13 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     if run.lora_r:
         psi += trained  # the adapter's own weights
     half = run.element_bytes
-    activations = activation_bytes(model, run, zero3=setup.startswith("zero3"))
+    activations = activation_bytes(model, run, zero3=setup.startswith("zero3")) if setup != "ddp" else 0
     bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
     # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)
     fp32_grad = 4 if half == 4 else half + 4
     host = nvme = 0
     if setup == "ddp":
-        # DDP's reducer copies every fp32 gradient into its buckets (gradient_as_bucket_view is off);
-        # one process is not wrapped in DDP. Measured on 1.35B: 34.72 GiB on 2 H200s, 29.73 GiB on one.
-        # Unlike the ZeRO terms these are a count, not a snapshot (DDP cannot run on a fake process
-        # group): the totals fit within 2%, 7.5% with checkpointing.
-        phases = {"backward": {"parameters": 4 * psi, "gradients": 4 * trained, "optimizer": 8 * trained,
-                               "activations": activations, "buffers": 4 * trained if n > 1 else 0}}
+        phases = _plain_phases(model, run, psi, trained)
     elif setup in REDUCE_BUCKETS:
         weights = {"parameters": half * psi}
         if setup != "zero2_offload":
@@ -270,8 +425,33 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
             else:
                 nvme = states
                 host = 4 * min(run.bucket, psi) * half * run.gpus_per_node  # pinned swap buffers
+    if setup != "ddp":
+        host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
+    else:
+        host += offloaded_activation_bytes(model, run, 4, sequence_parallel=False) * run.gpus_per_node
     host += _add_reference_model(setup, phases, model, run)
     return Estimate(setup, phases, host, nvme)
+
+
+def _plain_phases(model: ModelShape, run: RunShape, psi: int, trained: int) -> dict:
+    """The plain Trainer's phases: fp32 weights and Adam states (torch's fused AdamW: no step temporaries);
+    gradients only from the backward on (the Trainer sets them to None after each step), so the backward's
+    start holds none. With bf16/fp16, autocast's 16-bit copies of the Linear weights are cached for the whole
+    forward: every one of them until the forward ends, and, without checkpointing, saved into the backward.
+    DDP's reducer copies every fp32 gradient into its buckets (gradient_as_bucket_view is off), allocated with
+    the reducer; one process is not wrapped in DDP (29.73 GiB measured on one H200, 34.72 on two)."""
+    states = {"parameters": 4 * psi, "optimizer": 8 * trained}
+    buckets = 4 * trained if run.ranks > 1 else 0
+    copies = 2 * model.linear_params if run.dtype in ("bf16", "fp16") else 0
+    activations = plain_activation_phases(model, run)
+    phases = {}
+    for moment, held in activations.items():
+        cached = copies if moment == "loss" or not run.checkpointing else 0
+        phases[moment] = {**states, "activations": held, "buffers": buckets + cached}
+    if "recompute" in phases:  # the LM head's fp32 gradient is there by the first recompute (full fine-tuning)
+        phases["recompute"]["gradients"] = 4 * model.vocab * model.hidden if trained == psi else 0
+    phases["optimizer step"] = {**states, "gradients": 4 * trained, "buffers": buckets}
+    return phases
 
 
 def _add_reference_model(setup: str, phases: dict, model: ModelShape, run: RunShape) -> int:
@@ -300,22 +480,64 @@ class Plan:
     estimates: list
     choice: str | None
     reasons: dict  # setup -> why it was rejected (or chosen)
+    max_seq: dict = field(default_factory=dict)  # setup -> the longest sequence that fits (None: not even 1 token)
+
+
+MAX_SEQ_SEARCHED = 1 << 31  # the longest sequence the search tries; reported as it is when even that fits
+
+
+def shortfall(est: Estimate, gpu_capacity: int, host_capacity: int | None, headroom: float = 0.9) -> str | None:
+    """Why an estimate does not fit ``headroom`` of each GPU and of host memory; None when it fits."""
+    if est.gpu_total > headroom * gpu_capacity:
+        return f"needs {est.gpu_total / GIB:.1f} GiB per GPU, over {headroom:.0%} of {gpu_capacity / GIB:g} GiB"
+    if host_capacity is not None and est.host_per_node > headroom * host_capacity:
+        return (f"needs {est.host_per_node / GIB:.1f} GiB of host memory per node, over {headroom:.0%} of "
+                f"{host_capacity / GIB:g} GiB")
+    return None
+
+
+def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity: int, host_capacity: int | None,
+                     headroom: float = 0.9) -> int | None:
+    """The longest sequence (the run's micro batch, a multiple of the sequence-parallel size) whose estimate fits,
+    found by bisection over the same estimate; None when not even the shortest fits. Memory grows with the
+    sequence in every term, so the first length that does not fit bounds the search."""
+    step = run.sequence_parallel
+
+    def fits(k: int) -> bool:
+        planned = estimate(setup, model, replace(run, seq=k * step))
+        return shortfall(planned, gpu_capacity, host_capacity, headroom) is None
+
+    if not fits(1):
+        return None
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, 2 * high
+        if high * step > MAX_SEQ_SEARCHED:
+            return low * step
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low * step
 
 
 def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib: float | None = None,
               headroom: float = 0.9) -> Plan:
-    """The fastest setup that fits in ``headroom`` of each GPU (and of host memory for offload)."""
+    """The fastest setup that fits in ``headroom`` of each GPU (and of host memory for offload), and the longest
+    sequence each setup fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice."""
     capacity, host_capacity = int(gpu_mem_gib * GIB), int(cpu_mem_gib * GIB) if cpu_mem_gib else None
     estimates = [estimate(s, model, run) for s in SETUPS]
     reasons, choice = {}, None
     for est in sorted(estimates, key=lambda e: PREFERENCE.index(e.setup)):
-        if est.gpu_total > headroom * capacity:
-            reasons[est.setup] = f"needs {est.gpu_total / GIB:.1f} GiB per GPU, over {headroom:.0%} of {gpu_mem_gib:g} GiB"
-        elif host_capacity is not None and est.host_per_node > headroom * host_capacity:
-            reasons[est.setup] = f"needs {est.host_per_node / GIB:.1f} GiB of host memory per node, over {headroom:.0%} of {cpu_mem_gib:g} GiB"
+        short = shortfall(est, capacity, host_capacity, headroom)
+        if est.setup == "ddp" and run.sequence_parallel > 1:
+            reasons[est.setup] = ("not with sequence parallelism: Ulysses runs under DeepSpeed (Accelerate's "
+                                  "sp_backend='deepspeed'); planned here with the whole sequence on each GPU")
+        elif short:
+            reasons[est.setup] = short
         elif choice is None:
             choice = est.setup
             reasons[est.setup] = f"fits: {est.gpu_total / GIB:.1f} GiB per GPU; the least sharding that fits is the fastest"
         else:
             reasons[est.setup] = f"fits, but shards or offloads more than {choice} (slower)"
-    return Plan(model, run, capacity, host_capacity, estimates, choice, reasons)
+    longest = {s: longest_sequence(s, model, run, capacity, host_capacity, headroom) for s in SETUPS}
+    return Plan(model, run, capacity, host_capacity, estimates, choice, reasons, longest)

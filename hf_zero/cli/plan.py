@@ -7,13 +7,13 @@ from pathlib import Path
 
 from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
-from ..planner import GIB, SETUPS, ModelShape, RunShape, make_plan
+from ..planner import GIB, LONG_CONTEXT_PARTS, SETUPS, ModelShape, RunShape, make_plan
 
 _COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers", "reference model")
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
           "reference model": "ref"}
 # numeric flags and the least each may be: one message and exit 2 below that, never a plan of nonsense
-_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1}
+_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1}
 _POSITIVE = ("gpu_mem", "cpu_mem")
 
 
@@ -43,6 +43,12 @@ def add_parser(subparsers):
     p.add_argument("--reference-model", action="store_true",
                    help="TRL's DPO/KTO: count the frozen reference copy (whole on each GPU under DDP and ZeRO-1/2, "
                         "partitioned under ZeRO-3; none with --lora-r)")
+    p.add_argument("--sequence-parallel", type=int, default=1, metavar="N",
+                   help="DeepSpeed's Ulysses sequence parallelism over N GPUs (Accelerate's sp_size): each GPU holds "
+                        "seq/N tokens of activations; N divides the GPUs and the attention heads")
+    p.add_argument("--long-context", nargs="?", const="all", default="", metavar="PARTS",
+                   help="plan hf_zero's long-context switch: all parts, or a comma-separated subset of "
+                        f"{', '.join(LONG_CONTEXT_PARTS)} (offload_activations implies gradient checkpointing)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
@@ -51,9 +57,15 @@ def add_parser(subparsers):
 
 
 def load_model_config(model: str):
+    """A transformers config: one of the benchmark's built-in models (hf-zero bench --model), a config.json, a
+    model folder or a Hub id."""
     from transformers import AutoConfig
 
+    from ..bench.model import MODELS, build_config, resolve_model
+
     path = Path(model)
+    if model in MODELS and not path.exists():
+        return build_config(resolve_model(model)[1])
     try:
         if path.is_file():
             data = json.loads(path.read_text())
@@ -62,8 +74,8 @@ def load_model_config(model: str):
             return AutoConfig.for_model(**data)
         return AutoConfig.from_pretrained(model, trust_remote_code=False)  # a planner has no reason to run a repo's code
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read a model config from {model!r} (a Hub id, a folder with config.json, or a "
-                          f"config.json): {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"cannot read a model config from {model!r} (a Hub id, a folder with config.json, a "
+                          f"config.json, or a built-in model: {', '.join(MODELS)}): {str(e).splitlines()[0]}") from None
 
 
 def _gpu_mem(args) -> float:
@@ -77,27 +89,37 @@ def _gpu_mem(args) -> float:
 
 def render(plan) -> str:
     m, r = plan.model, plan.run
+    parts = ",".join(r.long_context)
     lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
              f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
-             f"{', gradient checkpointing' if r.gradient_checkpointing else ''}"
+             f"{', gradient checkpointing' if r.checkpointing else ''}"
+             f"{f', sequence parallel {r.sequence_parallel}' if r.sequence_parallel > 1 else ''}"
+             f"{f', long context: {parts}' if parts else ''}"
              f"{', torch.compile' if r.compiled else ''}"
              f"{f', LoRA r={r.lora_r} on {_targets(m, r)}' if r.lora_r else ''}", ""]
     components = _components(plan)
-    head = f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in components) + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  peak in"
+    head = (f"{'setup':<14}" + "".join(f"{_SHORT.get(c, c):>9}" for c in components)
+            + f"{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}{'max seq':>12}  peak in")
     lines.append(head)
     for est in plan.estimates:
         cells = "".join(f"{est.gpu.get(c, 0) / GIB:>9.1f}" for c in components)
         mark = "  <- recommended" if est.setup == plan.choice else ""
+        longest = plan.max_seq[est.setup]
+        longest = "-" if longest is None else f"{longest:,}"
         lines.append(f"{est.setup:<14}{cells}{est.gpu_total / GIB:>10.1f}{est.host_per_node / GIB:>10.1f}"
-                     f"{est.nvme_per_node / GIB:>10.1f}  {est.phase}{mark}")
+                     f"{est.nvme_per_node / GIB:>10.1f}{longest:>12}  {est.phase}{mark}")
     lines.append("")
     if plan.choice:
         lines.append(f"Recommended: {plan.choice} ({plan.reasons[plan.choice]})")
     else:
         lines.append("Nothing fits: add GPUs or nodes, lower --micro-batch or --seq, or use --gradient-checkpointing.")
     for setup in SETUPS:
-        if setup != plan.choice and "over" in plan.reasons[setup]:
+        if setup != plan.choice and not plan.reasons[setup].startswith("fits"):
             lines.append(f"  not {setup}: {plan.reasons[setup]}")
+    parallel = r.sequence_parallel > 1
+    lines.append(f"max seq: the longest sequence that fits (micro batch {r.micro_batch}) in 90% of each GPU"
+                 f"{' and of host memory' if plan.cpu_capacity else ''}"
+                 f"{f', a multiple of {r.sequence_parallel} (the sequence-parallel size)' if parallel else ''}")
     return "\n".join(lines)
 
 
@@ -179,16 +201,42 @@ def _check_numbers(args) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of GiB, got {value:g}")
 
 
+def _long_context(text: str) -> tuple:
+    """The long-context parts named by --long-context: "all" (or no value) for every part."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if "all" in names:
+        return LONG_CONTEXT_PARTS
+    unknown = [n for n in names if n not in LONG_CONTEXT_PARTS]
+    if unknown:
+        raise ConfigError(f"--long-context: unknown part {', '.join(map(repr, unknown))}; name some of "
+                          f"{', '.join(LONG_CONTEXT_PARTS)} (comma-separated), or all")
+    return tuple(n for n in LONG_CONTEXT_PARTS if n in names)
+
+
+def _check_layout(model, run_shape) -> None:
+    """Ulysses splits the world into groups of sp GPUs and gives each GPU heads / sp whole attention heads."""
+    sp, world = run_shape.sequence_parallel, run_shape.ranks
+    if world % sp:
+        raise ConfigError(f"--sequence-parallel {sp} does not divide the {world} GPU(s) of the plan (--gpus x "
+                          f"--nodes): Ulysses groups are {sp} GPUs each. Fix: a size that divides {world}, or more GPUs.")
+    if sp > 1 and model.heads and model.heads % sp:
+        raise ConfigError(f"--sequence-parallel {sp} does not divide {model.name}'s {model.heads} attention heads "
+                          "(Ulysses gives each GPU whole heads). Fix: a size that divides the head count.")
+
+
 def run(args) -> int:
     _check_numbers(args)
     lora_r, lora_targets = _lora(args)
+    long_context = _long_context(args.long_context)
     with contextlib.redirect_stdout(sys.stderr):  # transformers/DeepSpeed chatter stays off the report
         config = load_model_config(args.model)
         model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
     run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
                          compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
-                         reference_model=args.reference_model)
+                         reference_model=args.reference_model, sequence_parallel=args.sequence_parallel,
+                         long_context=long_context)
+    _check_layout(model, run_shape)
     if lora_r:
         try:
             model.lora_targets(lora_targets)
@@ -197,7 +245,9 @@ def run(args) -> int:
     plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem)
     if args.json:
         print(json.dumps({"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice,
-                          "reasons": plan.reasons, "estimates": [e.as_dict() for e in plan.estimates]}, indent=2))
+                          "reasons": plan.reasons,
+                          "estimates": [{**e.as_dict(), "max_seq": plan.max_seq[e.setup]} for e in plan.estimates]},
+                         indent=2))
     else:
         print(render(plan))
     if args.plot:

@@ -344,3 +344,130 @@ def test_plan_refuses_numbers_that_make_no_plan(tmp_path, capsys, flags, message
     assert main(["plan", str(tmp_path), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# The plain Trainer (no DeepSpeed; fp32 weights autocast to bf16) on one H200, 1.35B, gradient checkpointing,
+# micro batch 1: peak allocated GiB by sequence length (FIELD_NOTES: about 0.56 GiB per 1k tokens)
+MEASURED_LONG = [(16_384, 25.92), (65_536, 52.04), (131_072, 88.79), (196_608, 125.55)]
+LONG_CONTEXT_ALL = ("tiled_mlp", "fused_loss", "offload_activations")
+
+
+@pytest.mark.parametrize("seq, measured", MEASURED_LONG)
+def test_plain_trainer_long_sequences_within_5_percent_of_measured(seq, measured):
+    run = RunShape(gpus_per_node=1, seq=seq, gradient_checkpointing=True)
+    assert estimate("ddp", ModelShape.from_config(LLAMA_1B), run).gpu_total / GIB == pytest.approx(measured, rel=0.05)
+
+
+def test_max_seq_is_the_longest_sequence_that_fits():
+    """The bisection over the estimate: the plain Trainer's 1.35B on an H200 fits the measured 192k and not much
+    more (about 0.56 GiB per 1k tokens); one token more than the answer does not fit."""
+    from dataclasses import replace
+
+    from hf_zero.planner import shortfall
+
+    model, run = ModelShape.from_config(LLAMA_1B), RunShape(gpus_per_node=1, seq=131_072, gradient_checkpointing=True)
+    plan = make_plan(model, run, gpu_mem_gib=140)
+    assert 196_608 <= plan.max_seq["ddp"] < 210_000
+    for setup, longest in plan.max_seq.items():
+        fits = [shortfall(estimate(setup, model, replace(run, seq=s)), plan.gpu_capacity, None) is None
+                for s in (longest, longest + 1)]
+        assert fits == [True, False], setup
+    # ZeRO-2 offload keeps 2 bytes per parameter on the GPU instead of 16: longer sequences fit
+    assert plan.max_seq["zero2_offload"] > plan.max_seq["ddp"]
+    # nothing fits when the model states alone are over the GPU
+    assert make_plan(model, run, gpu_mem_gib=16).max_seq["ddp"] is None
+
+
+def test_each_long_context_part_removes_its_own_term():
+    model = ModelShape.from_config(LLAMA_1B)
+    tokens = 131_072
+
+    def plain(*parts, **kw):
+        return estimate("ddp", model, RunShape(seq=tokens, gradient_checkpointing=True, long_context=parts, **kw))
+
+    base = plain()
+    # fused_loss: the three fp32 seq x vocab tensors of the loss's backward are gone
+    fused = plain("fused_loss")
+    dropped = base.phases["backward"]["activations"] - fused.phases["backward"]["activations"]
+    assert base.phase == "backward" and 0.9 * tokens * 12 * model.vocab < dropped < tokens * 12 * model.vocab
+    assert fused.phase == "recompute"  # the loss no longer dominates: the first layer recomputed does
+    # tiled_mlp: the MLP's intermediates of the layer being recomputed (4 x intermediate, 16-bit) and the two
+    # intermediate-wide gradients of its backward, per token; one shard's instead
+    tiled = plain("fused_loss", "tiled_mlp")
+    saved = fused.phases["recompute"]["activations"] - tiled.phases["recompute"]["activations"]
+    assert saved == pytest.approx(tokens * (8 + 4) * model.intermediate, rel=0.1)
+    # offload_activations: each layer's fp32 input (and its rotary cos/sin) goes to the host
+    offload = plain("fused_loss", "tiled_mlp", "offload_activations")
+    assert base.host_per_node == 0
+    assert offload.host_per_node == tokens * model.layers * (model.hidden + 2 * model.head_dim) * 4
+    assert tiled.gpu_total - offload.gpu_total == pytest.approx(tokens * (model.layers - 1) * model.hidden * 4, rel=0.01)
+    # under DeepSpeed the model is 16-bit: half the host bytes, once per GPU of the node
+    zero = estimate("zero3_offload", model, RunShape(gpus_per_node=2, seq=tokens, long_context=("offload_activations",)))
+    plain_zero = estimate("zero3_offload", model, RunShape(gpus_per_node=2, seq=tokens, gradient_checkpointing=True))
+    assert zero.host_per_node - plain_zero.host_per_node == 2 * offload.host_per_node // 2
+    # offload_activations implies gradient checkpointing
+    assert RunShape(long_context=("offload_activations",)).checkpointing
+    with pytest.raises(ValueError, match="unknown long-context part"):
+        RunShape(long_context=("tiled_loss",))
+
+
+def test_host_memory_bounds_offloaded_activations():
+    """The offloaded inputs count against --cpu-mem: the longest sequence falls when the host is the limit."""
+    model = ModelShape.from_config(LLAMA_1B)
+    run = RunShape(seq=131_072, long_context=LONG_CONTEXT_ALL)
+    roomy, tight = make_plan(model, run, 140, cpu_mem_gib=4096), make_plan(model, run, 140, cpu_mem_gib=16)
+    assert tight.max_seq["ddp"] < roomy.max_seq["ddp"]
+    host = estimate("ddp", model, replace_seq(run, tight.max_seq["ddp"])).host_per_node
+    assert 0.89 * 16 * GIB < host <= 0.9 * 16 * GIB
+    assert "27.0 GiB of host memory per node, over 90% of 16 GiB" in tight.reasons["ddp"]  # the inputs at 128k
+
+
+def replace_seq(run, seq):
+    from dataclasses import replace
+
+    return replace(run, seq=seq)
+
+
+def test_sequence_parallel_splits_the_activations():
+    model = ModelShape.from_config(LLAMA_1B)
+    whole = estimate("zero3", model, RunShape(gpus_per_node=4, seq=32_768, gradient_checkpointing=True))
+    split = estimate("zero3", model, RunShape(gpus_per_node=4, seq=131_072, gradient_checkpointing=True,
+                                              sequence_parallel=4))
+    assert split.gpu == whole.gpu
+    plan = make_plan(model, RunShape(gpus_per_node=4, seq=131_072, gradient_checkpointing=True, sequence_parallel=4), 80)
+    assert plan.choice != "ddp" and "Ulysses runs under DeepSpeed" in plan.reasons["ddp"]
+    assert plan.max_seq["zero3"] % 4 == 0 and plan.max_seq["zero3"] > 3 * plan.max_seq["ddp"]
+
+
+def test_plan_cli_takes_a_built_in_model_and_reports_max_seq(capsys):
+    assert main(["plan", "1.35b", "--gpus", "1", "--gpu-mem", "140", "--seq", "131072", "--gradient-checkpointing"]) == 0
+    out = capsys.readouterr().out
+    assert "1.35b: 1.35B parameters" in out and "max seq" in out
+    ddp = next(line for line in out.splitlines() if line.startswith("ddp"))
+    assert "88.7" in ddp and "197," in ddp  # the measured 88.79 GiB; about 200k fit
+    assert main(["plan", "1.35b", "--gpus", "1", "--gpu-mem", "140", "--seq", "131072", "--gradient-checkpointing",
+                 "--long-context", "fused_loss,tiled_mlp", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["run"]["long_context"] == ["tiled_mlp", "fused_loss"]
+    assert all(e["max_seq"] > 131_072 for e in plan["estimates"])
+    assert main(["plan", "1.35b", "--gpus", "1", "--gpu-mem", "140", "--cpu-mem", "512", "--long-context"]) == 0
+    out = capsys.readouterr().out
+    assert "gradient checkpointing, long context: tiled_mlp,fused_loss,offload_activations" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "2", "--sequence-parallel", "0"], "--sequence-parallel must be at least 1, got 0"),
+    (["--gpus", "2", "--sequence-parallel", "4"], "--sequence-parallel 4 does not divide the 2 GPU(s)"),
+    (["--gpus", "3", "--sequence-parallel", "3"], "does not divide 1.35b's 16 attention heads"),
+    (["--gpus", "1", "--long-context", "tiled_mlp,fused_logits"], "--long-context: unknown part 'fused_logits'"),
+])
+def test_plan_refuses_a_layout_or_part_that_makes_no_plan(capsys, flags, message):
+    assert main(["plan", "1.35b", "--gpu-mem", "80", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("error:") == 1
+
+
+def test_plan_takes_sequence_parallel_that_divides_gpus_and_heads(capsys):
+    assert main(["plan", "1.35b", "--gpus", "8", "--gpu-mem", "80", "--sequence-parallel", "8", "--seq", "262144",
+                 "--long-context", "tiled_mlp"]) == 0
+    assert "sequence parallel 8, long context: tiled_mlp" in capsys.readouterr().out
