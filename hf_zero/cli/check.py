@@ -18,8 +18,9 @@ def add_parser(subparsers):
     p.add_argument("config", help="preset name or path to a DeepSpeed JSON file")
     p.add_argument("--world-size", type=int, default=1, help="processes the run will have (nodes x processes per node)")
     p.add_argument("--sequence-parallel", type=int, default=1, metavar="N",
-                   help="Ulysses sequence-parallel size (Accelerate's ParallelismConfig sp_size); the batch is split "
-                        "over world / (N x tensor_parallel.autotp_size) ranks")
+                   help="Ulysses sequence-parallel size (Accelerate's ParallelismConfig sp_size); checks sequence_parallel_size; "
+                        "with --raw the batch is split over world / (N x tensor_parallel.autotp_size) ranks (the Trainer "
+                        "counts the whole world)")
     p.add_argument("--args", metavar="JSON", help="TrainingArguments as JSON (e.g. from args.to_json_string())")
     p.add_argument("--model", help="model folder, config.json, or Hub id: compare its dtype with the config")
     p.add_argument("--cpu", action="store_true", default=None, help="check for a CPU-only machine (default: this machine)")

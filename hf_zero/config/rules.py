@@ -33,8 +33,12 @@ class CheckContext:
     @property
     def data_parallel_size(self) -> int:
         """The ranks that split the batch: the world divided by sequence and tensor parallelism (DeepSpeed's own
-        batch assertion counts these)."""
-        return max(1, self.world_size // (self.sequence_parallel * tensor_parallel_size(self.config)))
+        batch assertion counts these). Under the Trainer, sequence parallelism does not divide it: the Trainer fills
+        and matches train_batch_size over the whole world, zero.Init checks it so, and Accelerate re-derives the
+        engine's value over world / sp_size when it builds the engine (an int over world / sp_size fails at
+        zero.Init: "Check batch related parameters", measured with transformers 5.24 and DeepSpeed 0.19.8)."""
+        sp = 1 if self.trainer_fills_auto else self.sequence_parallel
+        return max(1, self.world_size // (sp * tensor_parallel_size(self.config)))
 
     @property
     def zero(self) -> dict:
@@ -167,7 +171,21 @@ def _deepcompile(context):
     return []
 
 
-RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile)
+def _sequence_parallel_size_key(context):
+    sp = context.config.get("sequence_parallel_size")
+    if not (context.trainer_fills_auto and context.zero.get("stage") == 3 and isinstance(sp, int) and sp > 1):
+        return []
+    return [Finding("sequence-parallel-size-under-trainer", "error",
+                    f'"sequence_parallel_size": {sp} makes zero.Init count the batch over world / {sp} ranks, but the '
+                    "Trainer fills and matches train_batch_size over the whole world: loading the model under ZeRO-3 "
+                    "fails with AssertionError: Check batch related parameters.",
+                    'remove the key; under the Trainer the sequence-parallel size comes from '
+                    'TrainingArguments(parallelism_config=ParallelismConfig(sp_backend="deepspeed", sp_size=N)) '
+                    "or the Accelerate config's parallelism_config block.", key="sequence_parallel_size")]
+
+
+RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile,
+         _sequence_parallel_size_key)
 
 
 def config_findings(context: CheckContext) -> list:
@@ -197,6 +215,8 @@ def fix_config(config: dict, findings) -> dict:
         fixed["fp16"]["enabled"] = "auto"
     if "leaf-modules-on-cpu" in codes:
         drop_gpu_only_settings(fixed)
+    if "sequence-parallel-size-under-trainer" in codes:
+        fixed.pop("sequence_parallel_size", None)
     if "zero3-no-gather" in codes:
         gather_weights_on_save(fixed)
     return fixed

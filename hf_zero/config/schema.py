@@ -76,7 +76,7 @@ def schema_findings(filled: dict) -> list:
             return findings
         break
     for key in remaining:
-        if key not in seen:
+        if key not in seen and key not in _READ_BESIDE_THE_PARSE:
             hint = _IGNORED_KEY_HINTS.get(key, "remove it or correct its spelling (see deepspeed.ai/docs/config-json).")
             findings.append(Finding("unknown-key", "error", f"DeepSpeed silently ignores the top-level key {key!r}.", hint, key=key))
     return findings
@@ -90,6 +90,10 @@ def _block_of(config, loc):
             return f"{key}."
     return ""
 
+
+# Top-level keys DeepSpeedConfig reads only with a process group up (here it parses without one): DeepSpeed
+# 0.19.8 runtime/config.py divides zero.Init's world size by sequence_parallel_size when no mpu is given.
+_READ_BESIDE_THE_PARSE = {"sequence_parallel_size"}
 
 _IGNORED_KEY_HINTS = {
     "gradient_checkpointing": "remove it and pass gradient checkpointing to the Trainer "

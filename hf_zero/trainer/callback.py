@@ -22,6 +22,8 @@ from ..engine_checks import engine_problems, layout_problems, parallel_sizes, tr
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
 from ..modeling import has_frozen_parameters
+from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
+                                 sequence_parallel_problems)
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
                                      set_gradient_checkpointing_kwargs, turn_on_gradient_checkpointing)
@@ -242,11 +244,15 @@ class ZeroCallback(TrainerCallback, ExportableState):
             return
         if args.world_size != world_size():
             raise ConfigError(training_alone(args.world_size, world_size(), "the Trainer"))
-        sp, tp = parallel_sizes(config, getattr(args, "parallelism_config", None))
-        heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
-        problems = layout_problems(world_size(), sp, tp, heads)
+        parallelism = active_parallelism_config(self.trainer, args)
+        sp, tp = parallel_sizes(config, parallelism)
+        heads, kv_heads = attention_head_counts(model)
+        problems = layout_problems(world_size(), sp, tp, heads, kv_heads)
+        problems += sequence_parallel_problems(model, parallelism, world_size(), sp, on_cpu=not has_gpu())
         if problems:
             raise ConfigError(problems)
+        if sp > 1 and self.trainer is not None:
+            check_batches_of(self.trainer, sp)
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)
@@ -326,7 +332,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError("ZeroCallback did not find the Trainer that runs it, so it could not prepare the run "
                               "before the DeepSpeed engine was built. Fix: hf_zero.attach(trainer) after building the Trainer.")
         launched = world_size()
-        sp, tp = parallel_sizes(deepspeed_config_of(args) or {}, getattr(args, "parallelism_config", None))
+        sp, tp = parallel_sizes(deepspeed_config_of(args) or {}, active_parallelism_config(self.trainer, args))
         problems = engine_problems(self.trainer.model_wrapped, model, self.stage, launched, sp=sp, tp=tp)
         if problems:
             raise ConfigError(problems)

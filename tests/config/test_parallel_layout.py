@@ -52,7 +52,10 @@ def _codes(**kwargs):
 
 
 def test_batch_arithmetic_counts_data_parallel_ranks_under_sequence_and_tensor_parallelism():
-    assert "batch-arithmetic" not in _codes(world_size=8, sequence_parallel=2)  # 2 x 1 x (8 / 2)
+    # raw DeepSpeed with Ulysses' groups: 2 x 1 x (8 / 2); under the Trainer the whole world counts (it fills and
+    # matches train_batch_size over all ranks; tests/config/test_sequence_parallel_checks.py)
+    assert "batch-arithmetic" not in _codes(world_size=8, sequence_parallel=2, trainer_fills_auto=False)
+    assert "batch-arithmetic" in _codes(world_size=8, sequence_parallel=2)
     assert "batch-arithmetic" not in _codes(world_size=8, extra={"tensor_parallel": {"autotp_size": 2}})
     assert "batch-arithmetic" in _codes(world_size=8)  # 2 x 1 x 8 = 16
 
@@ -63,7 +66,8 @@ def test_check_cli_takes_the_sequence_parallel_size(capsys):
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(BATCH, f)
-    assert main(["check", f.name, "--world-size", "8", "--sequence-parallel", "2", "--no-env", "--json"]) == 0
+    assert main(["check", f.name, "--world-size", "8", "--sequence-parallel", "2", "--raw", "--no-env", "--json"]) == 0
+    assert main(["check", f.name, "--world-size", "4", "--sequence-parallel", "2", "--no-env", "--json"]) == 0
     assert main(["check", f.name, "--world-size", "8", "--no-env", "--json"]) == 1
     capsys.readouterr()
     assert main(["check", f.name, "--sequence-parallel", "0"]) == 2
