@@ -8,7 +8,7 @@ pinned only where a GPU is, so the same switch runs (and is tested) on CPU.
 import functools
 import os
 
-__all__ = ["offloaded", "exact_size_pinned_blocks"]
+__all__ = ["offloaded", "exact_size_pinned_blocks", "pinned_blocks_exact"]
 
 
 def offloaded(checkpoint_fn):
@@ -32,17 +32,24 @@ def offloaded(checkpoint_fn):
     return checkpoint_offloaded
 
 
+@functools.lru_cache(maxsize=None)
+def pinned_blocks_exact() -> bool:
+    """Whether this torch gives large pinned blocks their exact size (the pinned_max_round_threshold_mb setting),
+    as enable_long_context asks it to; torch 2.11 rounds them up to a power of two."""
+    import torch
+
+    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    try:
+        set_settings("pinned_max_round_threshold_mb:64")
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+    return True
+
+
 def exact_size_pinned_blocks() -> None:
     """torch's pinned-memory cache rounds each block up to a power of two: a 2.3 GiB layer input would hold
     4 GiB of host RAM. Blocks above 64 MiB get their exact size where torch has the setting (2.13 has it, 2.11
     does not) and the user has not chosen a threshold."""
-    import torch
-
     configured = os.environ.get("PYTORCH_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "pinned_max_round_threshold_mb" in configured:
-        return
-    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
-    try:
-        set_settings("pinned_max_round_threshold_mb:64")
-    except (RuntimeError, ValueError, AttributeError):  # older torch: "Unrecognized key": blocks stay rounded
-        pass
+    if "pinned_max_round_threshold_mb" not in configured:
+        pinned_blocks_exact()

@@ -1,0 +1,91 @@
+"""Builds results.json, results.md and long_context.png in this folder from the raw `hf-zero bench` files in runs/.
+
+    python benchmarks/1xH200/long_context/summarize.py
+
+Each row is a setup: `plain` marks the plain Trainer with gradient checkpointing (the baseline), `max_seq` is the
+longest sequence that completed a full step, `by_seq` holds tokens/s and peaks at each length measured.
+"""
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GIB = 1024 ** 3
+# The plain Trainer's longest step (196,608 tokens: 5,171 tokens/s, 125.55 GiB) and its 16k/64k points were measured
+# with the same command before this folder existed; this folder's runs/ re-measure it at 131,072 only.
+PLAIN_EARLIER = {16384: (9767, 25.92), 65536: (11776, 52.04), 196608: (5171, 125.55)}
+SETUPS = {"p1": ("plain Trainer + gradient checkpointing (ddp+gc, micro batch 1)", True),
+          "lc": ("zero2 + hf_zero long_context (tiled MLP, fused loss, offloaded checkpoints; micro batch 1)", False)}
+
+
+def main():
+    rows, commands = {}, []
+    for path in sorted((HERE / "runs").glob("*.json")):
+        data = json.loads(path.read_text())
+        commands += [run["command"] for run in data.get("runs", [])]
+        for result in data["results"]:
+            if result["status"] != "ok":
+                continue
+            label, plain = SETUPS[result["name"]]
+            row = rows.setdefault(result["name"], {"name": result["name"], "setup": label, "plain": plain, "by_seq": {}})
+            seq = result["tokens_per_step"]
+            host = result.get("host_memory") or {}
+            row["by_seq"][str(seq)] = {"tokens_per_s": round(result["tokens_per_s"]), "step_s": result["step_times"][-1],
+                                       "warm": len(result["step_times"]) > 1,
+                                       "peak_alloc_gib": round(result["memory"]["peak_gib"], 2),
+                                       "host_peak_rss_gib": round(host.get("peak_rss_gib") or 0, 2),
+                                       "host_peak_pinned_gib": round(host.get("peak_pinned_gib") or 0, 2),
+                                       "source": f"runs/{path.name}"}
+    for seq, (tokens, peak) in PLAIN_EARLIER.items():
+        rows["p1"]["by_seq"].setdefault(str(seq), {"tokens_per_s": tokens, "peak_alloc_gib": peak,
+                                                   "source": "earlier run, same command"})
+    for row in rows.values():
+        row["by_seq"] = dict(sorted(row["by_seq"].items(), key=lambda kv: int(kv[0])))
+        row["max_seq"] = max(int(s) for s in row["by_seq"])
+    plain, long = rows["p1"], rows["lc"]
+    slope = lambda row, a, b: ((row["by_seq"][b]["peak_alloc_gib"] - row["by_seq"][a]["peak_alloc_gib"])
+                               / ((int(b) - int(a)) / 1024))
+    summary = {
+        "max_seq_ratio": long["max_seq"] / plain["max_seq"],
+        "gib_per_1k_tokens": {"plain": slope(plain, "65536", "196608"), "long_context": slope(long, "262144", "614400")},
+        "tokens_per_s_at_131072": {"plain": plain["by_seq"]["131072"]["tokens_per_s"],
+                                   "long_context": long["by_seq"]["131072"]["tokens_per_s"]},
+    }
+    summary["tokens_per_s_ratio_at_131072"] = (summary["tokens_per_s_at_131072"]["long_context"]
+                                               / summary["tokens_per_s_at_131072"]["plain"])
+    out = {"model": "1.35b", "device": "1x NVIDIA H200 (16 CPU cores, 128 GB host)", "commands": commands,
+           "results": [plain, long], "summary": summary}
+    (HERE / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    lines = ["| setup | seq | tokens/s | peak GPU GiB | host pinned GiB | step s |", "|---|---|---|---|---|---|"]
+    for row in (plain, long):
+        for seq, m in row["by_seq"].items():
+            step = f"{m['step_s']:.1f}{'' if m.get('warm') else ' (first)'}" if "step_s" in m else ""
+            lines.append(f"| {row['name']} | {int(seq):,} | {m['tokens_per_s']:,} | {m['peak_alloc_gib']:.2f} | "
+                         f"{m.get('host_peak_pinned_gib', '')} | {step} |")
+    lines += ["", f"Longest full step: plain {plain['max_seq']:,}, long_context {long['max_seq']:,} "
+              f"({summary['max_seq_ratio']:.2f}x). GPU GiB per 1k more tokens: plain "
+              f"{summary['gib_per_1k_tokens']['plain']:.3f}, long_context {summary['gib_per_1k_tokens']['long_context']:.3f}. "
+              f"At 131,072 tokens long_context runs at {summary['tokens_per_s_ratio_at_131072']:.1%} of plain's tokens/s.",
+              "", "Commands:", ""] + [f"    {c}" for c in commands]
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row, style in ((plain, "o-"), (long, "s-")):
+        seqs = [int(s) for s in row["by_seq"]]
+        ax.plot([s / 1024 for s in seqs], [m["peak_alloc_gib"] for m in row["by_seq"].values()], style,
+                label=row["setup"].split(" (")[0])
+    ax.axhline(139.8, color="gray", ls="--", lw=0.8)
+    ax.set_xlabel("sequence length (k tokens, micro batch 1)")
+    ax.set_ylabel("peak GPU memory (GiB)")
+    ax.set_title("1.35B Llama on one H200: memory against sequence length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(HERE / "long_context.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
