@@ -9,7 +9,6 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.training_args import ParallelMode
 from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
@@ -178,11 +177,6 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def _prepare_long_context(self, args, model) -> None:
         """The parts go on the model; offloading what checkpointing saves needs checkpointing on."""
         parts = enable_long_context(model, self.long_context)
-        if parts.tiled_mlp and deepspeed_config_of(args) is None and args.parallel_mode == ParallelMode.DISTRIBUTED:
-            raise ConfigError("long_context: tiled_mlp computes each MLP weight's gradient shard by shard, and DDP "
-                              "reduces a gradient once per backward ('Expected to mark a variable ready only once'). "
-                              "Fix: a DeepSpeed preset (its ZeRO hooks wait for the last shard), or "
-                              "long_context={'tiled_mlp': False}.")
         if parts.offload_activations and not gradient_checkpointing_on(args):
             turn_on_gradient_checkpointing(args)
             self._warn("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "

@@ -20,3 +20,4 @@ def test_long_context_trains_as_plain_checkpointing_does(tiny_models, tmp_path, 
     assert long["losses"] == pytest.approx(plain["losses"], rel=1e-5)
     assert_trained(out, tiny_models["llama"], min_drop=0.0)
     assert_reload_bitwise(out)
+
