@@ -175,6 +175,7 @@ class RunShape:
     reference_model: bool = False  # a frozen reference copy of the model (TRL's DPO/KTO), none with LoRA
     sequence_parallel: int = 1  # DeepSpeed's Ulysses sp_size: each GPU holds seq / sp tokens of activations
     long_context: tuple = ()  # parts of hf_zero's long-context switch (LONG_CONTEXT_PARTS)
+    accumulation: int = 1  # gradient accumulation steps: micro-batches per optimizer step
 
     def __post_init__(self):
         unknown = sorted(set(self.long_context) - set(LONG_CONTEXT_PARTS))
@@ -456,11 +457,16 @@ def _plain_phases(model: ModelShape, run: RunShape, psi: int, trained: int) -> d
     buckets = 4 * trained if run.ranks > 1 else 0
     copies = 2 * model.linear_params if run.dtype in ("bf16", "fp16") else 0
     activations = plain_activation_phases(model, run)
+    # accumulating, the fp32 gradients of the earlier micro-batches are alive through every later forward
+    # (34.74 GiB at 16 micro-batches of 4 x 1024 tokens on one H200, 29.73 at one)
+    accumulated = 4 * trained if run.accumulation > 1 else 0
     phases = {}
     for moment, held in activations.items():
         cached = copies if moment == "loss" or not run.checkpointing else 0
         phases[moment] = {**states, "activations": held, "buffers": buckets + cached}
-    if "recompute" in phases:  # the LM head's fp32 gradient is there by the first recompute (full fine-tuning)
+        if accumulated:
+            phases[moment]["gradients"] = accumulated
+    if "recompute" in phases and not accumulated:  # the LM head's fp32 gradient is there by the first recompute (full fine-tuning)
         phases["recompute"]["gradients"] = 4 * model.vocab * model.hidden if trained == psi else 0
     phases["optimizer step"] = {**states, "gradients": 4 * trained, "buffers": buckets}
     return phases

@@ -240,7 +240,9 @@ def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
         return {"setup": None, "note": setup.planner_gap}
     run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
-                   bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")))
+                   bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")),
+                   accumulation=int(setup.args.get("gradient_accumulation_steps", 1)),
+                   long_context=tuple(part for part, on in setup.long_context.items() if on))
     if setup.lora:
         run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8
         # the dtype the engine trained the adapter in; rows measured before the bench recorded it (and before
