@@ -100,3 +100,18 @@ def test_grpo_generates_with_the_partitioned_model_under_zero3(tiny_models, tmp_
     assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
     assert len(result["completion_lengths"]) == 4 and all(n > 0 for n in result["completion_lengths"])
     assert_reload_bitwise(out)
+
+
+@pytest.mark.slow
+def test_sft_with_long_context_trains_as_without_it(tiny_models, tmp_path):
+    """SFTTrainer scores its loss with TRL's fused head already; ZeroCallback(long_context=True) adds the tiled MLP
+    and the offloaded checkpoints (and turns checkpointing on) under ZeRO-3 without changing what is learned."""
+    common = ["--model", tiny_models["llama_tok"], "--trainer", "sft", "--deepspeed", "zero3"]
+    run_worker([*common, "--out", tmp_path / "plain", "--gc"], nproc=2, script=TRL_WORKER)
+    out = tmp_path / "long"
+    run_worker([*common, "--out", out, "--long-context"], nproc=2, script=TRL_WORKER)
+    plain, long = read_result(tmp_path / "plain"), read_result(out)
+    assert "offload_activations=True" in long["long_context"] and long["long_context"] != "None"
+    assert long["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert _fell(long["losses"])
+    assert_reload_bitwise(out)

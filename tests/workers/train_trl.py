@@ -64,6 +64,7 @@ def main():
     p.add_argument("--lora", action="store_true")
     p.add_argument("--gc", action="store_true", help="gradient checkpointing (TRL picks its kwargs for PEFT + ZeRO-3)")
     p.add_argument("--callback", choices=["attach", "instance"], default="instance")
+    p.add_argument("--long-context", action="store_true", help="ZeroCallback(long_context=True)")
     p.add_argument("--local_rank", type=int, default=None)
     opts = p.parse_args()
 
@@ -86,13 +87,14 @@ def main():
 
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer_class = getattr(trl, trainer_name)
-    callbacks = [hf_zero.ZeroCallback()] if opts.callback == "instance" else None
+    options = {"long_context": True} if opts.long_context else {}
+    callbacks = [hf_zero.ZeroCallback(**options)] if opts.callback == "instance" else None
     data = {"sft": chat_data, "dpo": preference_data, "grpo": prompt_data}[opts.trainer]()
     rewards = {"reward_funcs": reward_four} if opts.trainer == "grpo" else {}
     trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                             peft_config=peft_config, callbacks=callbacks, **rewards)
     if opts.callback == "attach":
-        hf_zero.attach(trainer)
+        hf_zero.attach(trainer, **options)
     trainer.train()
 
     out = Path(opts.out)
@@ -127,6 +129,7 @@ def main():
             if ref is not None else None,
             "ref_full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in ref.parameters()) if ref is not None else None,
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "long_context": str(hf_zero.long_context.long_context_of(trainer.model)),
             "use_reentrant": (getattr(trainer.args, "activation_checkpointing_kwargs", None)
                               or getattr(trainer.args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant"),
         }
