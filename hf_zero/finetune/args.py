@@ -32,6 +32,9 @@ class FinetuneArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA branch"})
     lora_target_modules: str = field(default="all-linear", metadata={"help": "comma-separated module names to adapt, "
                                                                              "or all-linear"})
+    long_context: bool = field(default=False, metadata={"help": "long sequences (causal_lm, chat): tiled MLP, fused "
+                                                                "loss, checkpointed layer inputs on the host "
+                                                                "(hf_zero docs: long-context.md)"})
     trust_remote_code: bool = field(default=False, metadata={"help": "run the Python code a model folder or Hub repo ships "
                                                                      "(auto_map); only for sources you trust"})
 
@@ -42,6 +45,9 @@ class FinetuneArguments:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"--{name} must be a positive number, got {value}")
+        if self.long_context and self.task == "classification":
+            raise ValueError("--long_context trains causal LMs (--task causal_lm or chat): its fused loss replaces "
+                             "the LM head's logits, which a classifier does not have")
         if self.lora_r < 0:
             raise ValueError(f"--lora_r must be 0 (full fine-tune) or a positive rank, got {self.lora_r}")
         if self.lora_alpha is not None and self.lora_alpha <= 0:

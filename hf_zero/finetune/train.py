@@ -123,7 +123,7 @@ def run(ft, args) -> dict:
         model = with_lora(model, ft)
     trainer = Trainer(model=model, args=args, train_dataset=task.train, eval_dataset=task.eval,
                       data_collator=task.collator, compute_metrics=task.compute_metrics, processing_class=tokenizer)
-    zero = attach(trainer)
+    zero = attach(trainer, **({"long_context": True} if ft.long_context else {}))
     started = time.time()
     trainer.train()
     train_seconds = time.time() - started

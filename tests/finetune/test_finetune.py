@@ -103,6 +103,19 @@ def test_causal_lm_on_plain_text(tiny_models, tmp_path):
     assert summary["after_reloaded"]["perplexity"] == pytest.approx(summary["after_in_run"]["perplexity"], rel=0.02)
 
 
+@pytest.mark.slow
+def test_causal_lm_with_long_context(tiny_models, tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(SENTENCES * 40))
+    out = tmp_path / "out"
+    finetune(["--model", tiny_models["llama_tok"], "--data", text, "--task", "causal_lm", "--max_length", "128",
+              "--preset", "zero3", "--long_context", "--output_dir", out, *QUICK], nproc=2)
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("long_context turned gradient checkpointing on" in w for w in summary["warnings"]), summary["warnings"]
+    assert summary["after_in_run"]["perplexity"] < summary["before"]["perplexity"]
+    assert summary["after_reloaded"]["perplexity"] == pytest.approx(summary["after_in_run"]["perplexity"], rel=0.02)
+
+
 @pytest.mark.long  # make test-long; classification (the demo's path) stays in make test
 def test_chat_data(tiny_models, tmp_path):
     rows = [{"messages": [{"role": "user", "content": "what is two plus two"},
@@ -129,6 +142,7 @@ def _reviews(path, header="text,label", rows=("the movie was great,fresh", "a du
     ("label-count", "num_labels=3 but the data has 2 labels"),
     ("lora-rank", "--lora_r must be 0 (full fine-tune) or a positive rank"),
     ("lora-targets", "--lora_target_modules 'no_such_proj'"),
+    ("long-context-classifier", "--long_context trains causal LMs"),
 ])
 def test_bad_input_is_one_message_exit_2(tiny_models, tmp_path, case, message):
     model = tiny_models["bert3"] if case == "label-count" else tiny_models["llama_tok"]
@@ -144,6 +158,8 @@ def test_bad_input_is_one_message_exit_2(tiny_models, tmp_path, case, message):
         args += ["--lora_r", "-1"]
     elif case == "lora-targets":
         args += ["--lora_r", "4", "--lora_target_modules", "no_such_proj"]
+    elif case == "long-context-classifier":
+        args += ["--long_context"]
     proc = finetune(args, expect_rc=2)
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
