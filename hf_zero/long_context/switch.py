@@ -172,7 +172,9 @@ def _tile(mlp) -> None:
         shards = _agreed_shards(x)
         if shards == 1:
             return dense_forward(x)
-        return TiledMLP.apply(lambda module, shard: dense_forward(shard), self, x, shards, weights)
+        # forward shards are slices along the sequence of [batch, seq, hidden]: with batch > 1 they are strided,
+        # and MLPs that view their input (GPT-2's Conv1D) need them contiguous
+        return TiledMLP.apply(lambda module, shard: dense_forward(shard.contiguous()), self, x, shards, weights)
 
     mlp.forward = types.MethodType(tiled_forward, mlp)
 

@@ -59,6 +59,35 @@ def test_each_part_keeps_the_loss_and_gradients(name):
         torch.testing.assert_close(tuned_grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
 
 
+def _family(name):
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=97, n_positions=SEQ, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)  # dropout would differ between the two runs
+        cls = GPT2LMHeadModel
+    else:
+        config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=97, max_position_embeddings=SEQ)
+        cls = Qwen2ForCausalLM
+    config._attn_implementation = "sdpa"
+    return cls(config)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_other_families_keep_the_loss_and_gradients(family):
+    ids, labels = _batch()
+    plain = _family(family)
+    tuned = copy.deepcopy(plain)
+    loss, grads = _loss_and_grads(plain, ids, labels, checkpointing=False)
+    enable_long_context(tuned)
+    tuned_loss, tuned_grads = _loss_and_grads(tuned, ids, labels, checkpointing=True)
+    torch.testing.assert_close(tuned_loss, loss, rtol=1e-5, atol=1e-6)
+    for key, grad in grads.items():
+        torch.testing.assert_close(tuned_grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
 def test_the_trainers_token_count_gives_the_same_loss():
     """The Trainer passes num_items_in_batch (tokens over the whole accumulated batch); the fused loss divides
     by it as the model's own loss does."""
