@@ -393,6 +393,53 @@ def plain_activation_phases(model: ModelShape, run: RunShape) -> dict:
     return phases
 
 
+def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_node: int, half: int,
+                     bucket: int = 500_000_000) -> tuple:
+    """(host, NVMe) bytes per node of an offload preset's model states: ZeRO-2 sends the fp32 gradient partition,
+    master weights and Adam states (16 bytes per trained parameter) to the host bucket by bucket; ZeRO-3 adds the
+    16-bit parameters, and zero3_nvme keeps all of it on NVMe with pinned swap buffers on the host."""
+    if setup == "zero2_offload":
+        return 16 * trained // ranks * gpus_per_node, 0
+    if setup not in ("zero3_offload", "zero3_nvme"):
+        return 0, 0
+    states = (half * psi + 16 * trained) // ranks * gpus_per_node
+    if setup == "zero3_offload":
+        return states, 0
+    return 4 * min(bucket, psi) * half * gpus_per_node, states
+
+
+def setup_of_config(config: dict) -> str | None:
+    """The planner's name for a DeepSpeed config's layout (zero1 ... zero3_nvme); None without ZeRO."""
+    from .config.dotted import get_dotted, offload_devices, zero_stage
+
+    stage = zero_stage(config)
+    if not stage:
+        return None
+    if stage == 3:
+        param_device = get_dotted(config, "zero_optimization.offload_param.device")
+        if param_device == "nvme":
+            return "zero3_nvme"
+        return "zero3_offload" if offload_devices(config) else "zero3"
+    if stage == 2 and offload_devices(config):
+        return "zero2_offload"
+    return f"zero{stage}"
+
+
+def host_memory_problem(config: dict, params: int, trained: int, ranks: int, local_ranks: int, half: int,
+                        host_bytes: int) -> str | None:
+    """Why an offload preset's model states cannot fit this node's memory (the planner's figure), or None.
+    The figure counts the states alone; DeepSpeed's pinned staging and the process come on top (about 28 bytes per
+    parameter in all for zero2_offload on one H200), so only a run that certainly fails is refused."""
+    setup = setup_of_config(config)
+    host, _ = offloaded_states(setup, params, trained, ranks, local_ranks, half) if setup else (0, 0)
+    if host <= host_bytes:
+        return None
+    return (f"{setup} keeps {host / GIB:.1f} GiB of model states in host memory on this node (hf-zero plan's figure: "
+            f"fp32 master weights, Adam states and gradients of {params / 1e9:.2f}B parameters over {ranks} rank(s), "
+            f"{local_ranks} on this node), and the node has {host_bytes / GIB:.1f} GiB. Fix: zero3_nvme (the states on "
+            "NVMe), more nodes, or a smaller model (hf-zero plan MODEL --gpus N --cpu-mem GIB).")
+
+
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     psi, n = model.params, run.ranks
     # what trains: every weight, or a LoRA adapter on the frozen base (its gradients and optimizer states alone)
@@ -416,7 +463,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
                   "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
                                             "buffers": REDUCE_BUCKETS[setup] * bucket}}
         if setup == "zero2_offload":
-            host = 16 * trained // n * run.gpus_per_node  # the gradients go to the host bucket by bucket
+            host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.bucket)
         else:
             phases["optimizer step"] = {**weights, "gradients": fp32_grad * trained // n}
     else:  # ZeRO-3: parameters sharded, gathered for use
@@ -430,14 +477,8 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
             phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
                       "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, trained // n), "buffers": bucket}}
         else:
-            # the fp32 gradient partitions and optimizer states live on the host (or NVMe)
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
-            states = (half * psi + 16 * trained) // n * run.gpus_per_node
-            if setup == "zero3_offload":
-                host = states
-            else:
-                nvme = states
-                host = 4 * min(run.bucket, psi) * half * run.gpus_per_node  # pinned swap buffers
+            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.bucket)
     if setup != "ddp":
         host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
     else:

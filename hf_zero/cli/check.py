@@ -23,6 +23,8 @@ def add_parser(subparsers):
                         "counts the whole world)")
     p.add_argument("--args", metavar="JSON", help="TrainingArguments as JSON (e.g. from args.to_json_string())")
     p.add_argument("--model", help="model folder, config.json, or Hub id: compare its dtype with the config")
+    p.add_argument("--host-mem", type=float, metavar="GIB",
+                   help="host memory per node, for --model with an offload preset (default: this machine's)")
     p.add_argument("--cpu", action="store_true", default=None, help="check for a CPU-only machine (default: this machine)")
     p.add_argument("--raw", action="store_true", help="the config goes to DeepSpeed directly, not through the Trainer")
     p.add_argument("--no-env", action="store_true", help="skip the checks of this shell's environment")
@@ -47,6 +49,30 @@ def _model_config(model) -> dict:
         raise ConfigError(f"--model {model!r} is neither a folder with config.json, a config.json, nor a reachable Hub id") from None
 
 
+def _host_memory_findings(config: dict, model_config: dict, args) -> list:
+    """An offload preset whose model states alone exceed the node's memory: the planner's figure."""
+    from ..config.dotted import offload_devices
+    from ..config.findings import Finding
+
+    if not offload_devices(config):
+        return []
+    import psutil
+
+    from ..bench.model import build_config
+    from ..planner import GIB, ModelShape, host_memory_problem
+
+    if args.host_mem is not None and not args.host_mem > 0:
+        raise ConfigError(f"--host-mem must be a positive number of GiB, got {args.host_mem}")
+    host = args.host_mem * GIB if args.host_mem else psutil.virtual_memory().total
+    params = ModelShape.from_config(build_config(model_config)).params
+    # one node of --world-size processes, a 16-bit run (what ZeRO-3 keeps of the parameters on the host)
+    problem = host_memory_problem(config, params, params, args.world_size, args.world_size, 2, int(host))
+    if problem is None:
+        return []
+    message, _, fix = problem.partition(" Fix: ")
+    return [Finding("host-memory", "error", message, fix)]
+
+
 def run(args) -> int:
     for flag in ("world_size", "sequence_parallel"):
         if getattr(args, flag) < 1:
@@ -60,6 +86,8 @@ def run(args) -> int:
         findings = validate_config(config, on_cpu=on_cpu, world_size=args.world_size, trainer_fills_auto=not args.raw,
                                    model_config=model_config, trainer_args=trainer_args, environment=not args.no_env,
                                    sequence_parallel=args.sequence_parallel)
+    if model_config is not None:
+        findings += _host_memory_findings(config, model_config, args)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     elif not findings:

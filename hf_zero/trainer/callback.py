@@ -26,7 +26,7 @@ from ..sequence_parallel import (active_parallelism_config, attention_head_count
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
                                      set_gradient_checkpointing_kwargs, turn_on_gradient_checkpointing)
-from .memory import all_ranks_memory
+from .memory import all_ranks_memory, host_memory_problem_of
 from .padding import padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 
@@ -247,6 +247,10 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(problems)
         if sp > 1 and self.trainer is not None:
             check_batches_of(self.trainer, sp)
+        if offload_devices(config):
+            problem = host_memory_problem_of(config, model, args)
+            if problem:
+                raise ConfigError(problem)
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)

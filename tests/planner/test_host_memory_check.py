@@ -1,0 +1,62 @@
+"""An offload preset whose model states alone exceed the node's memory is refused, with the planner's figure:
+by hf-zero check --model and by ZeroCallback before the engine. Anything that fits passes."""
+
+import json
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_zero.cli import main
+from hf_zero.config.presets import load_config
+from hf_zero.planner import GIB, host_memory_problem, setup_of_config
+from hf_zero.trainer.memory import host_memory_problem_of
+
+# Llama-3-8B's shapes with a 32k vocabulary: 7.24B parameters, 108 GiB of fp32 states + Adam on the host
+EIGHT_B = dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=32000,
+               num_attention_heads=32, num_key_value_heads=8)
+
+
+def test_the_setup_names_follow_the_config():
+    assert [setup_of_config(load_config(name)) for name in ("zero1", "zero2", "zero2_offload", "zero3",
+                                                            "zero3_offload")] == \
+        ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
+    assert setup_of_config(load_config("zero3_nvme", nvme_path="/tmp")) == "zero3_nvme"
+    assert setup_of_config({"train_batch_size": 8}) is None
+
+
+def test_states_over_the_node_memory_are_refused_and_under_it_pass():
+    params = 7_241_732_096
+    problem = host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 64 * GIB)
+    assert problem and "107.9 GiB of model states" in problem and "64.0 GiB" in problem and "Fix: zero3_nvme" in problem
+    assert host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 128 * GIB) is None
+    # over 8 ranks on one node the node holds all of it; over 8 nodes of one rank each, an eighth
+    assert host_memory_problem(load_config("zero3_offload"), params, params, 8, 8, 2, 120 * GIB)
+    assert host_memory_problem(load_config("zero3_offload"), params, params, 8, 1, 2, 120 * GIB) is None
+    assert host_memory_problem(load_config("zero2"), params, params, 1, 1, 2, 1) is None  # nothing on the host
+
+
+def test_check_cli_refuses_an_offload_preset_the_host_cannot_hold(tmp_path, capsys):
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(EIGHT_B))
+    assert main(["check", "zero2_offload", "--model", str(model), "--host-mem", "64", "--no-env"]) == 1
+    assert "error [host-memory]" in capsys.readouterr().out
+    assert main(["check", "zero2_offload", "--model", str(model), "--host-mem", "512", "--no-env"]) == 0
+    assert "host-memory" not in capsys.readouterr().out
+
+
+def test_the_callbacks_check_uses_the_live_model():
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, vocab_size=97))
+
+    class Args:
+        world_size, bf16 = 1, True
+
+    assert "of model states in host memory" in host_memory_problem_of(load_config("zero2_offload"), model, Args, 1024)
+    assert host_memory_problem_of(load_config("zero2_offload"), model, Args) is None  # this machine holds it
+
+
+def test_a_host_memory_that_is_no_size_is_one_message(tmp_path, capsys):
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(EIGHT_B))
+    assert main(["check", "zero2_offload", "--model", str(model), "--host-mem", "0", "--no-env"]) == 2
+    assert "--host-mem must be a positive number of GiB" in capsys.readouterr().err
