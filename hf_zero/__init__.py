@@ -53,7 +53,7 @@ _PUBLIC = {
     "zero_arguments": "trainer.training_args",
     "ZeroCallback": "trainer.callback",
 }
-_SUBMODULES = ("bench", "checkpoints", "cli", "config", "finetune", "lora", "metrics", "planner", "trainer", "zero3")
+_SUBMODULES = ("bench", "checkpoints", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 

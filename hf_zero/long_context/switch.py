@@ -113,7 +113,7 @@ def long_context_problems(model, parts: LongContext) -> list:
             from trl.trainer.utils import add_fused_lm_head  # noqa: F401
         except ImportError:
             problems.append("long_context: fused_loss uses TRL's fused LM head, and TRL (>= 1.16) is not installed. "
-                            "Fix: pip install 'trl>=1.16', or long_context={'fused_loss': False}.")
+                            "Fix: pip install 'hf_zero[long]' (or 'trl>=1.16'), or long_context={'fused_loss': False}.")
     return problems
 
 

@@ -171,7 +171,7 @@ def test_expert_mlps_are_refused_for_tiling_and_accepted_without_it():
 
 def test_fused_loss_without_trl_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "trl.trainer.utils", None)  # import fails as if TRL were absent
-    with pytest.raises(ConfigError, match="pip install 'trl>=1.16'"):
+    with pytest.raises(ConfigError, match="pip install 'hf_zero\\[long\\]'"):
         enable_long_context(_llama())
     assert long_context_problems(_llama(), LongContext(fused_loss=False)) == []
 
