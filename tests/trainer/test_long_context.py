@@ -37,7 +37,7 @@ def _loss_and_grads(model, ids, labels, checkpointing, reentrant=False):
     model.zero_grad()
     loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
 PARTS = {"all": LongContext(), "tiled_mlp": LongContext(True, False, False),
@@ -186,3 +186,22 @@ def test_bad_options_get_one_message():
     assert enable_long_context(model, True) == LongContext()  # the same parts again: nothing to do
     with pytest.raises(ConfigError, match="already on"):
         enable_long_context(model, {"fused_loss": False})
+
+
+def test_a_lora_model_keeps_its_adapter_gradients():
+    from peft import LoraConfig, get_peft_model
+
+    ids, labels = _batch()
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"],
+                        task_type="CAUSAL_LM", init_lora_weights=False)  # non-zero B: every adapter gets a gradient
+    plain = get_peft_model(_llama(), config)
+    tuned = copy.deepcopy(plain)
+    loss, grads = _loss_and_grads(plain, ids, labels, checkpointing=False)
+    enable_long_context(tuned)
+    assert long_context_of(tuned) == LongContext()
+    tuned_loss, tuned_grads = _loss_and_grads(tuned, ids, labels, checkpointing=True)
+    torch.testing.assert_close(tuned_loss, loss, rtol=1e-5, atol=1e-6)
+    trained = {k: g for k, g in grads.items() if g is not None}
+    assert trained and all("lora_" in k for k in trained)
+    for key, grad in trained.items():
+        torch.testing.assert_close(tuned_grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
