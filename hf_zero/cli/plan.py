@@ -13,7 +13,7 @@ _COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "b
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
           "reference model": "ref"}
 # numeric flags and the least each may be: one message and exit 2 below that, never a plan of nonsense
-_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1}
+_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1, "gradient_accumulation_steps": 1}
 _POSITIVE = ("gpu_mem", "cpu_mem")
 
 
@@ -32,6 +32,8 @@ def add_parser(subparsers):
     p.add_argument("--cpu-mem", type=float, help="GiB of host memory per node (checks offload)")
     p.add_argument("--seq", type=int, default=1024, help="sequence length")
     p.add_argument("--micro-batch", type=int, default=1, help="per-GPU micro batch")
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step (accumulated gradients stay alive; offload buffers)")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--torch-compile", action="store_true",
                    help="the run uses TrainingArguments(torch_compile=True): fused layers keep fewer activations")
@@ -232,6 +234,7 @@ def run(args) -> int:
         config = load_model_config(args.model)
         model = ModelShape.from_config(config, name=Path(args.model).name if Path(args.model).exists() else args.model)
     run_shape = RunShape(gpus_per_node=args.gpus, nodes=args.nodes, seq=args.seq, micro_batch=args.micro_batch,
+                         accumulation=args.gradient_accumulation_steps,
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
                          compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
                          reference_model=args.reference_model, sequence_parallel=args.sequence_parallel,
