@@ -24,6 +24,8 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--optimizer", choices=["dummy", "torch"], default="dummy")
     p.add_argument("--save-on-main-only", action="store_true", help="the classic mistake: save under is_main_process")
+    p.add_argument("--length", type=int, default=16, help="tokens per sample")
+    p.add_argument("--long-context", action="store_true", help="hf_zero.enable_long_context + gradient checkpointing")
     p.add_argument("--plain-accelerator", action="store_true", help="accelerate.Accelerator() instead of hf_zero's")
     opts = p.parse_args()
 
@@ -38,7 +40,10 @@ def main():
     partitioned_at_load = hf_zero.is_partitioned(model)
     g = torch.Generator().manual_seed(0)
     # a few sequences seen again and again, so a few steps visibly lower the loss
-    ids = torch.randint(3, model.config.vocab_size, (4, 16), generator=g).repeat(opts.steps * accelerator.num_processes, 1)
+    ids = torch.randint(3, model.config.vocab_size, (4, opts.length), generator=g).repeat(opts.steps * accelerator.num_processes, 1)
+    if opts.long_context:  # what docs/long-context.md tells a loop to write
+        hf_zero.enable_long_context(model)
+        model.gradient_checkpointing_enable()
     loader = torch.utils.data.DataLoader([{"input_ids": i, "labels": i.clone()} for i in ids], batch_size=2)
     if opts.optimizer == "dummy":
         optimizer = DummyOptim(model.parameters(), lr=1e-3)
@@ -70,7 +75,9 @@ def main():
         config = accelerator.state.deepspeed_plugin.deepspeed_config
         result = {"losses": losses, "engine": type(model).__name__, "dp_world_size": model.dp_world_size,
                   "partitioned_at_load": partitioned_at_load, "betas": config["optimizer"]["params"]["betas"],
-                  "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+                  "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                  "long_context": str(hf_zero.long_context.long_context_of(model)),
+                  "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing}
         (out / "result.json").write_text(json.dumps(result, indent=1))
     accelerator.wait_for_everyone()
     hf_zero.shutdown()
