@@ -118,8 +118,8 @@ def long_context_problems(model, parts: LongContext) -> list:
 
 
 def enable_long_context(model, parts: LongContext | dict | bool = True) -> LongContext:
-    """Turn on the long-context parts for ``model`` in place (before training; the Trainer's gradient
-    checkpointing must be reentrant for ``offload_activations``: ``zero_arguments``/ZeroCallback set it).
+    """Turn on the long-context parts for ``model`` in place, before training. ``offload_activations`` moves what
+    gradient checkpointing saves, so checkpointing must be on (ZeroCallback(long_context=...) turns it on).
 
     Raises ConfigError, before any change, when the model cannot run a part."""
     parts = LongContext.from_option(parts) or LongContext(False, False, False)
