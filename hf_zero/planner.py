@@ -294,9 +294,7 @@ def offloaded_activation_bytes(model: ModelShape, run: RunShape, residual: int, 
     if "offload_activations" not in run.long_context:
         return 0
     block = run.tokens(sequence_parallel) * model.hidden * residual
-    if not pinned_blocks_exact():
-        block = 1 << max(0, block - 1).bit_length()
-    return model.layers * block
+    return model.layers * torch_pinned(block, exact=pinned_blocks_exact())
 
 
 def layer_bytes_per_token(model: ModelShape, run: RunShape, zero3: bool) -> float:
@@ -399,13 +397,15 @@ def plain_activation_phases(model: ModelShape, run: RunShape) -> dict:
     return phases
 
 
-def torch_pinned(nbytes: int) -> int:
-    """Host bytes torch's pinned-memory cache holds for a block (tensor.pin_memory(), as DeepSpeed pins): the next
-    power of two, unless PYTORCH_CUDA_ALLOC_CONF sets pinned_max_round_threshold_mb (torch 2.13)."""
-    import os
+def torch_pinned(nbytes: int, exact: bool | None = None) -> int:
+    """Host bytes torch's pinned-memory cache holds for a block: the next power of two, unless the cache gives
+    blocks their exact size (``exact``; by default only when PYTORCH_CUDA_ALLOC_CONF sets
+    pinned_max_round_threshold_mb, as nothing else does for DeepSpeed's tensor.pin_memory() buffers)."""
+    if exact is None:
+        from .long_context.offload import pinned_threshold_configured
 
-    configured = os.environ.get("PYTORCH_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "pinned_max_round_threshold_mb" in configured or nbytes <= 0:
+        exact = pinned_threshold_configured()
+    if exact or nbytes <= 0:
         return max(0, nbytes)
     return 1 << (nbytes - 1).bit_length()
 
@@ -443,12 +443,12 @@ def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_no
     zero3_nvme keeps all of it on NVMe with pinned swap buffers on the host."""
     if setup == "zero2_offload":
         return zero2_offload_host(trained, ranks, half, accumulation, param_sizes) * gpus_per_node, 0
-    if setup not in ("zero3_offload", "zero3_nvme"):
-        return 0, 0
     if setup == "zero3_offload":
         return zero3_offload_host(psi, trained, ranks, half) * gpus_per_node, 0
-    states = (half * psi + 16 * trained) // ranks * gpus_per_node
-    return 4 * min(bucket, psi) * half * gpus_per_node, states
+    if setup == "zero3_nvme":
+        states = (half * psi + 16 * trained) // ranks * gpus_per_node
+        return 4 * min(bucket, psi) * half * gpus_per_node, states
+    return 0, 0
 
 
 def setup_of_config(config: dict) -> str | None:

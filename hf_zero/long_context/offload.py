@@ -8,7 +8,7 @@ pinned only where a GPU is, so the same switch runs (and is tested) on CPU.
 import functools
 import os
 
-__all__ = ["offloaded", "exact_size_pinned_blocks", "pinned_blocks_exact"]
+__all__ = ["offloaded", "exact_size_pinned_blocks", "pinned_blocks_exact", "pinned_threshold_configured"]
 
 
 def offloaded(checkpoint_fn):
@@ -50,6 +50,11 @@ def exact_size_pinned_blocks() -> None:
     """torch's pinned-memory cache rounds each block up to a power of two: a 2.3 GiB layer input would hold
     4 GiB of host RAM. Blocks above 64 MiB get their exact size where torch has the setting (2.13 has it, 2.11
     does not) and the user has not chosen a threshold."""
-    configured = os.environ.get("PYTORCH_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "pinned_max_round_threshold_mb" not in configured:
+    if not pinned_threshold_configured():
         pinned_blocks_exact()
+
+
+def pinned_threshold_configured() -> bool:
+    """Whether the user's allocator settings choose the pinned cache's rounding threshold themselves."""
+    configured = os.environ.get("PYTORCH_ALLOC_CONF", "") + os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return "pinned_max_round_threshold_mb" in configured

@@ -248,7 +248,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if sp > 1 and self.trainer is not None:
             check_batches_of(self.trainer, sp)
         if offload_devices(config):
-            problem = host_memory_problem_of(config, model, args)
+            problem = host_memory_problem_of(config, model, args, half=2 if _half_dtype(config, args) else 4)
             if problem:
                 raise ConfigError(problem)
         if not has_gpu():

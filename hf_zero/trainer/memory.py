@@ -43,8 +43,9 @@ def all_ranks_memory() -> dict:
     return {f"mem/rank{r}/{n}": round(float(t[i]), 4) for r, t in enumerate(gathered) for i, n in enumerate(names)}
 
 
-def host_memory_problem_of(config: dict, model, args, host_bytes: int | None = None) -> str | None:
-    """An offload preset whose model states alone exceed this node's memory (hf_zero.planner's figure), or None."""
+def host_memory_problem_of(config: dict, model, args, half: int, host_bytes: int | None = None) -> str | None:
+    """An offload preset whose model states alone exceed this node's memory (hf_zero.planner's figure), or None.
+    ``half``: bytes of the run's 16-bit (or fp32) weights."""
     import os
 
     import psutil
@@ -56,6 +57,5 @@ def host_memory_problem_of(config: dict, model, args, host_bytes: int | None = N
     trained = sum(full_numel(p) for p in model.parameters() if p.requires_grad)
     ranks = max(1, getattr(args, "world_size", 1) or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
-    half = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
     return host_memory_problem(config, params, trained, ranks, local, half,
                                psutil.virtual_memory().total if host_bytes is None else host_bytes)
