@@ -150,6 +150,11 @@ class ModelShape:
                    model_type=getattr(config, "model_type", ""), heads=heads,
                    head_dim=getattr(text, "head_dim", None) or (hidden // heads if heads else 0))
 
+    def with_layers(self, layers: int) -> "ModelShape":
+        """The same model with ``layers`` decoder layers: every layer is a copy of the largest one (a Llama-style
+        stack), so the parameters change by that layer's count per layer."""
+        return replace(self, layers=layers, params=self.params + (layers - self.layers) * self.largest_layer)
+
     def lora_targets(self, targets) -> list:
         """The Linear leaf names of a decoder layer that ``targets`` (names, or "all-linear") adapts."""
         if targets in ("all-linear", ("all-linear",), ["all-linear"]):
@@ -436,18 +441,53 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int) -> int:
     return pinned + 12 * partition
 
 
+# recipes/zero3_nvme.json's swap settings (tests/planner/test_largest.py holds them to the recipe)
+NVME_PARAM_BUFFERS = 5  # offload_param.buffer_count
+NVME_PARAM_BUFFER_SIZE = 100_000_000  # offload_param.buffer_size (elements)
+NVME_MAX_IN_CPU = 1_000_000_000  # offload_param.max_in_cpu (16-bit parameters kept in host memory)
+NVME_OPTIMIZER_BUFFERS = 4  # offload_optimizer.buffer_count
+
+
+def zero3_nvme_host(trained: int, ranks: int, half: int) -> int:
+    """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-Infinity (zero3_nvme: parameters and optimizer on NVMe,
+    pin_memory on), every buffer allocated at init and alive through training:
+    - the flat gradient-partition buffer in the gradient-accumulation dtype (the model's 16 bits unless the config
+      sets data_types.grad_accum_dtype), torch-pinned (DeepSpeedZeroOptimizer_Stage3._setup_for_real_optimizer);
+    - up to max_in_cpu 16-bit parameters kept in host memory, torch-pinned
+      (_create_param_groups_fp16_flat_cpu_memory);
+    - the parameter swapper's buffer_count x buffer_size 16-bit buffers, page-locked by the aio handle at their
+      exact size (AsyncPartitionedParameterSwapper._configure_aio);
+    - when the partition is over max_in_cpu, one 16-bit buffer of the largest sub-group for writing updated
+      parameters back (reserve_partitioned_swap_space, from _create_fp16_partitions_with_defragmentation);
+    - the optimizer swapper's buffer_count fp32 buffers of the largest sub-group, page-locked (OptimizerSwapper's
+      SwapBufferManager), through which the master weights, Adam's moments and the gradients are swapped;
+    - a pageable fp32 buffer of the largest sub-group that every swapped sub-group's .grad views
+      (initialize_optimizer_states).
+    The master weights, Adam's moments and the fp32 gradients themselves are on NVMe (``offloaded_states``)."""
+    partition = trained // ranks
+    sub_group = min(partition, SUB_GROUP)
+    pinned = torch_pinned(half * partition) + torch_pinned(half * min(partition, NVME_MAX_IN_CPU))
+    locked = NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_SIZE * half + NVME_OPTIMIZER_BUFFERS * 4 * sub_group
+    if partition > NVME_MAX_IN_CPU:
+        locked += half * sub_group
+    return pinned + locked + 4 * sub_group
+
+
 def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_node: int, half: int,
-                     bucket: int = 500_000_000, accumulation: int = 1, param_sizes=()) -> tuple:
+                     accumulation: int = 1, param_sizes=()) -> tuple:
     """(host, NVMe) bytes per node of an offload preset's model states: ZeRO-2 keeps the fp32 gradient partition,
     master weights and Adam states on the host (zero2_offload_host); ZeRO-3 adds the 16-bit parameters, and
-    zero3_nvme keeps all of it on NVMe with pinned swap buffers on the host."""
+    zero3_nvme keeps all of it on NVMe (zero3_nvme_host's swap buffers stay on the host): the 16-bit parameter
+    partitions (AsyncPartitionedParameterSwapper writes each one's swap file at partition time, and it stays
+    there even for the ones later kept in host memory), and the fp32 master weights, Adam's two moments and
+    the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group)."""
     if setup == "zero2_offload":
         return zero2_offload_host(trained, ranks, half, accumulation, param_sizes) * gpus_per_node, 0
     if setup == "zero3_offload":
         return zero3_offload_host(psi, trained, ranks, half) * gpus_per_node, 0
     if setup == "zero3_nvme":
         states = (half * psi + 16 * trained) // ranks * gpus_per_node
-        return 4 * min(bucket, psi) * half * gpus_per_node, states
+        return zero3_nvme_host(trained, ranks, half) * gpus_per_node, states
     return 0, 0
 
 
@@ -508,8 +548,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
                                             "buffers": REDUCE_BUCKETS[setup] * bucket}}
         if setup == "zero2_offload":
             sizes = model.param_sizes() if trained == psi else ()
-            host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.bucket,
-                                       run.accumulation, sizes)
+            host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes)
         else:
             phases["optimizer step"] = {**weights, "gradients": fp32_grad * trained // n}
     else:  # ZeRO-3: parameters sharded, gathered for use
@@ -524,7 +563,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
                       "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, trained // n), "buffers": bucket}}
         else:
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
-            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.bucket)
+            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half)
     if setup != "ddp":
         host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
     else:
@@ -586,23 +625,43 @@ class Plan:
     choice: str | None
     reasons: dict  # setup -> why it was rejected (or chosen)
     max_seq: dict = field(default_factory=dict)  # setup -> the longest sequence that fits (None: not even 1 token)
+    nvme_capacity: int | None = None
+    largest: dict = field(default_factory=dict)  # setup -> LargestModel, when asked for
 
 
 MAX_SEQ_SEARCHED = 1 << 31  # the longest sequence the search tries; reported as it is when even that fits
 
 
-def shortfall(est: Estimate, gpu_capacity: int, host_capacity: int | None, headroom: float = 0.9) -> str | None:
-    """Why an estimate does not fit ``headroom`` of each GPU and of host memory; None when it fits."""
-    if est.gpu_total > headroom * gpu_capacity:
+RESOURCES = ("GPU", "host", "NVMe")
+MAX_LAYERS_SEARCHED = 1024  # the most decoder layers largest_model tries
+
+
+def overflowed(est: Estimate, gpu_capacity: int, host_capacity: int | None, headroom: float = 0.9,
+               nvme_capacity: int | None = None) -> tuple:
+    """The resources (of RESOURCES) whose ``headroom`` the estimate is over; a capacity of None is no limit."""
+    used = {"GPU": (est.gpu_total, gpu_capacity), "host": (est.host_per_node, host_capacity),
+            "NVMe": (est.nvme_per_node, nvme_capacity)}
+    return tuple(name for name, (need, capacity) in used.items() if capacity is not None and need > headroom * capacity)
+
+
+def shortfall(est: Estimate, gpu_capacity: int, host_capacity: int | None, headroom: float = 0.9,
+              nvme_capacity: int | None = None) -> str | None:
+    """Why an estimate does not fit ``headroom`` of each GPU, of host memory and of the NVMe disk for DeepSpeed's
+    swap files; None when it fits."""
+    over = overflowed(est, gpu_capacity, host_capacity, headroom, nvme_capacity)
+    if "GPU" in over:
         return f"needs {est.gpu_total / GIB:.1f} GiB per GPU, over {headroom:.0%} of {gpu_capacity / GIB:g} GiB"
-    if host_capacity is not None and est.host_per_node > headroom * host_capacity:
+    if "host" in over:
         return (f"needs {est.host_per_node / GIB:.1f} GiB of host memory per node, over {headroom:.0%} of "
                 f"{host_capacity / GIB:g} GiB")
+    if "NVMe" in over:
+        return (f"needs {est.nvme_per_node / GIB:.1f} GiB of NVMe per node for DeepSpeed's swap files, over "
+                f"{headroom:.0%} of {nvme_capacity / GIB:g} GiB")
     return None
 
 
 def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity: int, host_capacity: int | None,
-                     headroom: float = 0.9) -> int | None:
+                     headroom: float = 0.9, nvme_capacity: int | None = None) -> int | None:
     """The longest sequence (the run's micro batch, a multiple of the sequence-parallel size) whose estimate fits,
     found by bisection over the same estimate; None when not even the shortest fits. Memory grows with the
     sequence in every term, so the first length that does not fit bounds the search."""
@@ -610,7 +669,7 @@ def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity:
 
     def fits(k: int) -> bool:
         planned = estimate(setup, model, replace(run, seq=k * step))
-        return shortfall(planned, gpu_capacity, host_capacity, headroom) is None
+        return shortfall(planned, gpu_capacity, host_capacity, headroom, nvme_capacity) is None
 
     if not fits(1):
         return None
@@ -625,15 +684,60 @@ def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity:
     return low * step
 
 
+@dataclass
+class LargestModel:
+    setup: str
+    model: ModelShape | None  # None: not even one decoder layer fits
+    estimate: Estimate | None
+    limit: tuple  # the resources one more layer (or the first layer) would overflow; () when the search's bound fits
+
+    def as_dict(self) -> dict:
+        est = self.estimate
+        return {"layers": self.model.layers if self.model else None, "params": self.model.params if self.model else None,
+                "gpu_total": est.gpu_total if est else None, "host_per_node": est.host_per_node if est else None,
+                "nvme_per_node": est.nvme_per_node if est else None, "limit": list(self.limit)}
+
+
+def largest_model(setup: str, model: ModelShape, run: RunShape, gpu_capacity: int, host_capacity: int | None,
+                  nvme_capacity: int | None = None, headroom: float = 0.9,
+                  max_layers: int = MAX_LAYERS_SEARCHED) -> LargestModel:
+    """The deepest model of ``model``'s shape family (its hidden size, heads, intermediate size and vocabulary)
+    whose estimate fits, found by bisection over the decoder layers as ``longest_sequence`` does over the sequence:
+    every term grows with the layers, so the first depth that does not fit bounds the search. ``limit`` names the
+    resources the next layer would overflow: where the host or the NVMe disk, not the GPU, stops the model."""
+
+    def over(layers: int) -> tuple:
+        planned = estimate(setup, model.with_layers(layers), run)
+        return overflowed(planned, gpu_capacity, host_capacity, headroom, nvme_capacity)
+
+    if over(1):
+        return LargestModel(setup, None, None, over(1))
+    low, high = 1, 2
+    while high <= max_layers and not over(high):
+        low, high = high, 2 * high
+    if high > max_layers:  # every depth tried fits: the bound itself, or the bisection below it
+        if not over(max_layers):
+            deepest = model.with_layers(max_layers)
+            return LargestModel(setup, deepest, estimate(setup, deepest, run), ())
+        high = max_layers
+    while high - low > 1:  # low fits, high does not
+        middle = (low + high) // 2
+        low, high = (middle, high) if not over(middle) else (low, middle)
+    deepest = model.with_layers(low)
+    return LargestModel(setup, deepest, estimate(setup, deepest, run), over(high))
+
+
 def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib: float | None = None,
-              headroom: float = 0.9) -> Plan:
-    """The fastest setup that fits in ``headroom`` of each GPU (and of host memory for offload), and the longest
-    sequence each setup fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice."""
+              headroom: float = 0.9, nvme_mem_gib: float | None = None, largest: bool = False) -> Plan:
+    """The fastest setup that fits in ``headroom`` of each GPU (and of host memory and NVMe for offload), and the
+    longest sequence each setup fits; with ``largest``, also the deepest model of the model's shape each setup
+    fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice."""
     capacity, host_capacity = int(gpu_mem_gib * GIB), int(cpu_mem_gib * GIB) if cpu_mem_gib else None
+    nvme_capacity = int(nvme_mem_gib * GIB) if nvme_mem_gib else None
     estimates = [estimate(s, model, run) for s in SETUPS]
     reasons, choice = {}, None
     for est in sorted(estimates, key=lambda e: PREFERENCE.index(e.setup)):
-        short = shortfall(est, capacity, host_capacity, headroom)
+        short = shortfall(est, capacity, host_capacity, headroom, nvme_capacity)
         if est.setup == "ddp" and run.sequence_parallel > 1:
             reasons[est.setup] = ("not with sequence parallelism: Ulysses runs under DeepSpeed (Accelerate's "
                                   "sp_backend='deepspeed'); planned here with the whole sequence on each GPU")
@@ -644,5 +748,7 @@ def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib:
             reasons[est.setup] = f"fits: {est.gpu_total / GIB:.1f} GiB per GPU; the least sharding that fits is the fastest"
         else:
             reasons[est.setup] = f"fits, but shards or offloads more than {choice} (slower)"
-    longest = {s: longest_sequence(s, model, run, capacity, host_capacity, headroom) for s in SETUPS}
-    return Plan(model, run, capacity, host_capacity, estimates, choice, reasons, longest)
+    longest = {s: longest_sequence(s, model, run, capacity, host_capacity, headroom, nvme_capacity) for s in SETUPS}
+    deepest = {s: largest_model(s, model, run, capacity, host_capacity, nvme_capacity, headroom)
+               for s in SETUPS} if largest else {}
+    return Plan(model, run, capacity, host_capacity, estimates, choice, reasons, longest, nvme_capacity, deepest)

@@ -2,19 +2,20 @@
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
-from ..planner import GIB, LONG_CONTEXT_PARTS, SETUPS, ModelShape, RunShape, make_plan
+from ..planner import GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, SETUPS, ModelShape, RunShape, make_plan
 
 _COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers", "reference model")
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
           "reference model": "ref"}
 # numeric flags and the least each may be: one message and exit 2 below that, never a plan of nonsense
 _AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1, "gradient_accumulation_steps": 1}
-_POSITIVE = ("gpu_mem", "cpu_mem")
+_POSITIVE = ("gpu_mem", "cpu_mem", "nvme_mem")
 
 
 def _components(plan) -> tuple:
@@ -30,6 +31,8 @@ def add_parser(subparsers):
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpu-mem", type=float, help="GiB per GPU (default: this machine's GPU)")
     p.add_argument("--cpu-mem", type=float, help="GiB of host memory per node (checks offload)")
+    p.add_argument("--nvme-mem", type=float, metavar="GIB",
+                   help="GiB of disk per node for DeepSpeed's NVMe swap files (checks zero3_nvme; default: no limit)")
     p.add_argument("--seq", type=int, default=1024, help="sequence length")
     p.add_argument("--micro-batch", type=int, default=1, help="per-GPU micro batch")
     p.add_argument("--gradient-accumulation-steps", type=int, default=1, metavar="N",
@@ -51,6 +54,12 @@ def add_parser(subparsers):
     p.add_argument("--long-context", nargs="?", const="all", default="", metavar="PARTS",
                    help="plan hf_zero's long-context switch: all parts, or a comma-separated subset of "
                         f"{', '.join(LONG_CONTEXT_PARTS)} (offload_activations implies gradient checkpointing)")
+    p.add_argument("--largest", action="store_true",
+                   help="for each setup, the deepest model of MODEL's shape (hidden size, heads, intermediate size, "
+                        "vocabulary) that fits, and which resource (GPU, host, NVMe) stops it")
+    p.add_argument("--largest-configs", metavar="DIR",
+                   help="with --largest: write each setup's largest model as DIR/<setup>/config.json "
+                        "(for hf-zero bench --model)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
@@ -121,8 +130,77 @@ def render(plan) -> str:
     parallel = r.sequence_parallel > 1
     lines.append(f"max seq: the longest sequence that fits (micro batch {r.micro_batch}) in 90% of each GPU"
                  f"{' and of host memory' if plan.cpu_capacity else ''}"
+                 f"{' and of NVMe' if plan.nvme_capacity else ''}"
                  f"{f', a multiple of {r.sequence_parallel} (the sequence-parallel size)' if parallel else ''}")
     return "\n".join(lines)
+
+
+def render_largest(plan) -> str:
+    """The --largest table: each setup's deepest model of the plan's shape, its memory and what stops it."""
+    m, r = plan.model, plan.run
+    within = ", ".join(["each GPU"] + (["host memory"] if plan.cpu_capacity else [])
+                       + (["NVMe"] if plan.nvme_capacity else []))
+    lines = [f"Largest model of {m.name}'s shape (hidden {m.hidden}, intermediate {m.intermediate}, {m.heads} heads, "
+             f"vocab {m.vocab}; {m.largest_layer / 1e6:.1f}M parameters per layer) in 90% of {within}, "
+             f"seq {r.seq}, micro batch {r.micro_batch}:", "",
+             f"{'setup':<14}{'layers':>8}{'params B':>10}{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  limit"]
+    for setup in SETUPS:
+        found = plan.largest[setup]
+        limit = " and ".join(found.limit) or f"none up to {MAX_LAYERS_SEARCHED} layers"
+        if found.model is None:
+            lines.append(f"{setup:<14}{'none fits':>8}{'':>40}  {limit}")
+            continue
+        est = found.estimate
+        lines.append(f"{setup:<14}{found.model.layers:>8}{found.model.params / 1e9:>10.2f}{est.gpu_total / GIB:>10.1f}"
+                     f"{est.host_per_node / GIB:>10.1f}{est.nvme_per_node / GIB:>10.1f}  {limit}")
+    lines.append("limit: the resource one more layer would overflow (for 'none fits', the first layer)"
+                 + ("" if plan.cpu_capacity else "; host memory is not limited without --cpu-mem")
+                 + ("" if plan.nvme_capacity else "; NVMe is not limited without --nvme-mem"))
+    return "\n".join(lines)
+
+
+def largest_config(config, layers: int) -> dict:
+    """The model's config.json with ``layers`` decoder layers, the rest unchanged (what transformers and
+    hf-zero bench --model read). A per-layer list sized to the old depth (layer_types) is dropped, so that
+    transformers fills in its default for the new depth."""
+    data = config.to_diff_dict()
+    data["num_hidden_layers"] = layers
+    data.pop("layer_types", None)
+    return data
+
+
+def _largest_dir(args) -> Path | None:
+    """--largest-configs' folder, created and writable; checked before any planning."""
+    if args.largest_configs is None:
+        return None
+    if not args.largest:
+        raise ConfigError("--largest-configs writes the models that --largest finds; add --largest")
+    folder = Path(args.largest_configs)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--largest-configs: cannot create the folder {str(folder)!r} ({e.strerror or e}); "
+                          "pass a folder you can write to") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--largest-configs: the folder {str(folder)!r} is not writable; pass a folder you can "
+                          "write to")
+    return folder
+
+
+def write_largest_configs(plan, config, folder: Path) -> list:
+    """DIR/<setup>/config.json for each setup whose largest model exists; the paths written."""
+    written = []
+    for setup, found in plan.largest.items():
+        if found.model is None:
+            continue
+        path = folder / setup / "config.json"
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps(largest_config(config, found.model.layers), indent=2) + "\n")
+        except OSError as e:
+            raise ConfigError(f"--largest-configs: cannot write {str(path)!r} ({e.strerror or e})") from None
+        written.append(path)
+    return written
 
 
 def _targets(model, run) -> str:
@@ -228,6 +306,7 @@ def _check_layout(model, run_shape) -> None:
 
 def run(args) -> int:
     _check_numbers(args)
+    configs_dir = _largest_dir(args)
     lora_r, lora_targets = _lora(args)
     long_context = _long_context(args.long_context)
     with contextlib.redirect_stdout(sys.stderr):  # transformers/DeepSpeed chatter stays off the report
@@ -245,14 +324,22 @@ def run(args) -> int:
             model.lora_targets(lora_targets)
         except ValueError as e:
             raise ConfigError(f"--lora-target-modules: {e}") from None
-    plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem)
+    plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem, nvme_mem_gib=args.nvme_mem,
+                     largest=args.largest)
     if args.json:
-        print(json.dumps({"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice,
-                          "reasons": plan.reasons,
-                          "estimates": [{**e.as_dict(), "max_seq": plan.max_seq[e.setup]} for e in plan.estimates]},
-                         indent=2))
+        report = {"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice, "reasons": plan.reasons,
+                  "estimates": [{**e.as_dict(), "max_seq": plan.max_seq[e.setup]} for e in plan.estimates]}
+        if args.largest:
+            report["largest"] = {setup: found.as_dict() for setup, found in plan.largest.items()}
+        print(json.dumps(report, indent=2))
     else:
         print(render(plan))
+        if args.largest:
+            print("\n" + render_largest(plan))
+    if configs_dir is not None:
+        written = write_largest_configs(plan, config, configs_dir)
+        print(f"wrote {len(written)} config.json file(s) under {configs_dir} (hf-zero bench --model "
+              f"{configs_dir}/<setup>/config.json)", file=sys.stderr)
     if args.plot:
         plot(plan, args.plot)
     if args.write:
