@@ -517,11 +517,16 @@ def host_memory_problem(config: dict, params: int, trained: int, ranks: int, loc
     host, _ = offloaded_states(setup, params, trained, ranks, local_ranks, half) if setup else (0, 0)
     if host <= host_bytes:
         return None
+    # zero3_nvme's host bytes are its swap buffers: moving the states to NVMe is no longer a way out
+    if setup == "zero3_nvme":
+        held, fixes = "DeepSpeed's pinned NVMe swap buffers", "more nodes"
+    else:
+        held = "fp32 master weights, Adam states, gradients and DeepSpeed's pinned buffers"
+        fixes = "zero3_nvme (the states on NVMe), more nodes"
     return (f"{setup} keeps {host / GIB:.1f} GiB of model states in host memory on this node (hf-zero plan's figure: "
-            f"fp32 master weights, Adam states, gradients and DeepSpeed's pinned buffers of {params / 1e9:.2f}B "
-            f"parameters over {ranks} rank(s), "
-            f"{local_ranks} on this node), and the node has {host_bytes / GIB:.1f} GiB. Fix: zero3_nvme (the states on "
-            "NVMe), more nodes, or a smaller model (hf-zero plan MODEL --gpus N --cpu-mem GIB).")
+            f"{held} of {params / 1e9:.2f}B parameters over {ranks} rank(s), {local_ranks} on this node), and the "
+            f"node has {host_bytes / GIB:.1f} GiB. Fix: {fixes}, or a smaller model "
+            "(hf-zero plan MODEL --gpus N --cpu-mem GIB).")
 
 
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:

@@ -148,7 +148,7 @@ def render_largest(plan) -> str:
         found = plan.largest[setup]
         limit = " and ".join(found.limit) or f"none up to {MAX_LAYERS_SEARCHED} layers"
         if found.model is None:
-            lines.append(f"{setup:<14}{'none fits':>8}{'':>40}  {limit}")
+            lines.append(f"{setup:<14}{'none fits':>10}{'':>38}  {limit}")
             continue
         est = found.estimate
         lines.append(f"{setup:<14}{found.model.layers:>8}{found.model.params / 1e9:>10.2f}{est.gpu_total / GIB:>10.1f}"
