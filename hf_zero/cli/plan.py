@@ -138,11 +138,11 @@ def render(plan) -> str:
 def render_largest(plan) -> str:
     """The --largest table: each setup's deepest model of the plan's shape, its memory and what stops it."""
     m, r = plan.model, plan.run
-    within = ", ".join(["each GPU"] + (["host memory"] if plan.cpu_capacity else [])
-                       + (["NVMe"] if plan.nvme_capacity else []))
+    limited = ["each GPU"] + (["of host memory"] if plan.cpu_capacity else []) + (["of NVMe"] if plan.nvme_capacity else [])
+    within = " and ".join([", ".join(limited[:-1]), limited[-1]] if len(limited) > 1 else limited)
     lines = [f"Largest model of {m.name}'s shape (hidden {m.hidden}, intermediate {m.intermediate}, {m.heads} heads, "
-             f"vocab {m.vocab}; {m.largest_layer / 1e6:.1f}M parameters per layer) in 90% of {within}, "
-             f"seq {r.seq}, micro batch {r.micro_batch}:", "",
+             f"vocab {m.vocab}; {m.largest_layer / 1e6:.1f}M parameters per layer) in 90% of {within} "
+             f"(seq {r.seq}, micro batch {r.micro_batch}{', gradient checkpointing' if r.checkpointing else ''}):", "",
              f"{'setup':<14}{'layers':>8}{'params B':>10}{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  limit"]
     for setup in SETUPS:
         found = plan.largest[setup]
