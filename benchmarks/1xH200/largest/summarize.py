@@ -1,0 +1,96 @@
+"""results.md and largest.png from plan.json (hf-zero plan --largest) and the real runs in runs/ (hf-zero bench).
+
+    python benchmarks/1xH200/largest/summarize.py
+"""
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+GIB = 1024**3
+PLAN_COMMAND = ("hf-zero plan 8b --gpus 1 --gpu-mem 139.8 --cpu-mem 125 --nvme-mem 50 --seq 1024 --micro-batch 1 "
+                "--gradient-checkpointing --largest --largest-configs configs --json > plan.json")
+NOT_RUN = {
+    "zero1": "not run: the plain Trainer fits a deeper model on one GPU (ZeRO-1/2 keep a 16-bit copy beside the "
+             "fp32 master weights and gain nothing from sharding over one rank)",
+    "zero2": "not run: as zero1",
+    "zero3": "not run: as zero1",
+    "zero3_nvme": "not run: DeepSpeed's async_io op needs libaio, which the GPU machine lacks (ldconfig lists none); "
+                  "the preset's offload_param.buffer_size (1e8) is also below this shape's embedding "
+                  "(131,072,000 elements), which DeepSpeed refuses",
+}
+
+
+def load_runs() -> dict:
+    runs = {}
+    for path in sorted((HERE / "runs").glob("*.json")):
+        sweep = json.loads(path.read_text())
+        [row] = sweep["results"]
+        # the runs read the plan's configs from a scratch copy; the same files are in configs/
+        command = sweep["runs"][0]["command"].replace(".whl/largest/", "benchmarks/1xH200/largest/configs/")
+        runs[path.stem] = {**row, "command": command, "date": sweep["runs"][0]["date"]}
+    return runs
+
+
+def table(plan: dict, runs: dict) -> list:
+    lines = ["| setup | layers | parameters | limit | planned GPU GiB | measured GPU GiB | planned host GiB | "
+             "measured host RSS GiB (pinned) | tokens/s | save s | reload | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for setup, largest in plan["largest"].items():
+        run = runs.get(setup)
+        measured = host = speed = save = reload = ""
+        if run:
+            measured = f"{run['memory']['peak_gib']:.2f}"
+            host = f"{run['host_memory']['peak_rss_gib']:.1f} ({run['host_memory']['peak_pinned_gib']:.1f})"
+            speed = f"{run['tokens_per_s']:,.0f}"
+            if run.get("save"):
+                save, reload = f"{run['save']['seconds']:.1f}", "equal" if run["save"]["reload_equal"] else "DIFFERS"
+        status = run["status"] if run else NOT_RUN.get(setup, "not run")
+        lines.append(f"| {setup} | {largest['layers']} | {largest['params'] / 1e9:.2f}B | {', '.join(largest['limit'])} "
+                     f"| {largest['gpu_total'] / GIB:.1f} | {measured} | {largest['host_per_node'] / GIB:.1f} | {host} "
+                     f"| {speed} | {save} | {reload} | {status} |")
+    return lines
+
+
+def plot(plan: dict, runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    setups = list(plan["largest"])
+    params = [plan["largest"][s]["params"] / 1e9 for s in setups]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(setups, params, color=["tab:green" if s in runs else "tab:gray" for s in setups])
+    for bar, setup in zip(bars, setups):
+        limit = ", ".join(plan["largest"][setup]["limit"])
+        ax.annotate(f"{bar.get_height():.2f}B\n{limit}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("parameters (billions)")
+    ax.set_ylim(0, max(params) * 1.25)
+    ax.set_title("Largest Llama-8B-shaped model per setup on one H200 (125 GiB host)\n"
+                 "green: trained 3 steps on the GPU; grey: planned only", fontsize=10)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    plan = json.loads((HERE / "plan.json").read_text())
+    runs = load_runs()
+    lines = ["# The largest model on one H200", "",
+             "The deepest model of Llama-3-8B's layer shape (hidden 4096, intermediate 14336, 32 heads, 8 key/value "
+             "heads, vocabulary 32,000) that each setup trains on one H200 (139.8 GiB) with its 125 GiB of host "
+             "memory and 50 GiB of disk for NVMe swap files, at sequence 1024, micro batch 1, gradient "
+             "checkpointing, as `hf-zero plan --largest` finds it within 90% of each resource; *limit* is the "
+             "resource one more layer would overflow. The runs train that model for 3 steps (1 warm-up) with "
+             "`hf-zero bench`; ZeRO-3 runs also save the 16-bit model and reload it against the engine's weights.",
+             "", *table(plan, runs), "", "## How this was made", "", f"- plan: `{PLAN_COMMAND}`"]
+    for setup, run in runs.items():
+        lines.append(f"- {setup} ({run['date']}): `{run['command']}`")
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    plot(plan, runs, HERE / "largest.png")
+
+
+if __name__ == "__main__":
+    main()
