@@ -508,6 +508,25 @@ def setup_of_config(config: dict) -> str | None:
     return f"zero{stage}"
 
 
+def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | None:
+    """Why DeepSpeed's NVMe parameter swapper would refuse this model, or None: every rank's partition of a parameter
+    is swapped through one of offload_param.buffer_count buffers of buffer_size elements, and
+    AsyncPartitionedParameterSwapper.get_buffer (DeepSpeed 0.19.8) asserts "More elements ... than buffer size" at
+    zero.Init for a partition above it (a large vocabulary's embedding, a fused expert weight)."""
+    block = (config.get("zero_optimization") or {}).get("offload_param")
+    if not isinstance(block, dict) or block.get("device") != "nvme":
+        return None
+    buffer_size = int(float(block.get("buffer_size", NVME_PARAM_BUFFER_SIZE)))
+    partition = -(-largest_param // max(1, ranks))  # DeepSpeed pads each parameter to a multiple of the ranks
+    if partition <= buffer_size:
+        return None
+    return (f"zero_optimization.offload_param.buffer_size is {buffer_size:,} elements, and this model's largest "
+            f"parameter ({largest_param:,} elements) is {partition:,} per rank over {ranks} rank(s): DeepSpeed's NVMe "
+            "parameter swapper refuses a partition larger than its buffer when zero.Init partitions the model. "
+            f"Fix: set zero_optimization.offload_param.buffer_size to at least {partition:,} (each of its "
+            "buffer_count buffers is pinned host memory), or run on more ranks.")
+
+
 def host_memory_problem(config: dict, params: int, trained: int, ranks: int, local_ranks: int, half: int,
                         host_bytes: int) -> str | None:
     """Why an offload preset's model states cannot fit this node's memory (the planner's figure), or None.

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..config.dotted import offload_devices
 from ..config.json_file import read_json_object
 from ..config.presets import load_config
 from ..config.validate import validate_config
@@ -51,7 +52,6 @@ def _model_config(model) -> dict:
 
 def _host_memory_findings(config: dict, model_config: dict, args) -> list:
     """An offload preset whose model states alone exceed the node's memory: the planner's figure."""
-    from ..config.dotted import offload_devices
     from ..config.findings import Finding
 
     if not offload_devices(config):
@@ -73,6 +73,23 @@ def _host_memory_findings(config: dict, model_config: dict, args) -> list:
     return [Finding("host-memory", "error", message, fix)]
 
 
+def _nvme_buffer_findings(config: dict, model_config: dict, args) -> list:
+    """zero3_nvme with a parameter partition over offload_param.buffer_size: DeepSpeed stops at zero.Init."""
+    from ..config.findings import Finding
+
+    if "nvme" not in offload_devices(config):
+        return []
+    from ..bench.model import build_config
+    from ..planner import ModelShape, nvme_buffer_problem
+
+    largest = max(ModelShape.from_config(build_config(model_config)).param_sizes())
+    problem = nvme_buffer_problem(config, largest, args.world_size)
+    if problem is None:
+        return []
+    message, _, fix = problem.partition(" Fix: ")
+    return [Finding("nvme-buffer-too-small", "error", message, fix)]
+
+
 def run(args) -> int:
     for flag in ("world_size", "sequence_parallel"):
         if getattr(args, flag) < 1:
@@ -87,7 +104,7 @@ def run(args) -> int:
                                    model_config=model_config, trainer_args=trainer_args, environment=not args.no_env,
                                    sequence_parallel=args.sequence_parallel)
     if model_config is not None:
-        findings += _host_memory_findings(config, model_config, args)
+        findings += _host_memory_findings(config, model_config, args) + _nvme_buffer_findings(config, model_config, args)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     elif not findings:

@@ -84,3 +84,28 @@ def test_plan_takes_the_accumulation(capsys):
     assert zero2_offload.split()[8] == "33.3"  # host GiB with the accumulation buffers
     assert main(["plan", "1.35b", "--gpus", "1", "--gradient-accumulation-steps", "0"]) == 2
     assert "--gradient-accumulation-steps must be at least 1" in capsys.readouterr().err
+
+
+def test_an_nvme_parameter_partition_over_the_swap_buffer_is_refused_and_a_smaller_one_passes():
+    from hf_zero.planner import nvme_buffer_problem
+
+    config = load_config("zero3_nvme", nvme_path="/tmp")
+    embedding = 32000 * 4096  # the 8B shape's embedding and LM head: 131,072,000 elements
+    problem = nvme_buffer_problem(config, embedding, 1)
+    assert problem and "buffer_size is 100,000,000" in problem and "Fix: set zero_optimization.offload_param" \
+        ".buffer_size to at least 131,072,000" in problem
+    assert nvme_buffer_problem(config, embedding, 2) is None  # 65,536,000 per rank
+    assert nvme_buffer_problem(load_config("zero3_offload"), embedding, 1) is None  # no NVMe swapper
+    bigger = {**config, "zero_optimization": {**config["zero_optimization"], "offload_param": {
+        **config["zero_optimization"]["offload_param"], "buffer_size": 1.4e8}}}
+    assert nvme_buffer_problem(bigger, embedding, 1) is None
+
+
+def test_check_cli_names_the_nvme_buffer_for_a_large_vocabulary(tmp_path, capsys):
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(EIGHT_B))
+    args = ["check", "zero3_nvme", "--nvme-path", str(tmp_path), "--model", str(model), "--host-mem", "512", "--no-env"]
+    assert main(args) == 1
+    assert "error [nvme-buffer-too-small]" in capsys.readouterr().out
+    assert main([*args, "--world-size", "2"]) == 0
+    assert "nvme-buffer" not in capsys.readouterr().out
