@@ -49,7 +49,7 @@ class CheckContext:
 def _auto(context):
     autos = list(auto_paths(context.config))
     found = [Finding("auto-unfilled", "error", f'"{p}": "auto" is not a key the Trainer fills.', "give it a value.")
-             for p in autos if p not in TRAINER_AUTO_KEYS]
+             for p in autos if p not in TRAINER_AUTO_KEYS and not p.startswith(_ZENFLOW + ".")]
     if autos and not context.trainer_fills_auto:
         shown = ", ".join(autos[:4]) + ("..." if len(autos) > 4 else "")
         found.append(Finding("auto-outside-trainer", "error",
@@ -184,8 +184,59 @@ def _sequence_parallel_size_key(context):
                     "or the Accelerate config's parallelism_config block.", key="sequence_parallel_size")]
 
 
+_ZENFLOW = "zero_optimization.zenflow"
+_ZENFLOW_SCHEDULE = ("select_strategy", "select_interval", "update_interval")
+
+
+def _zenflow(context):
+    """ZenFlow (DeepSpeed 0.19.8, runtime/zenflow/engine.py configure_zenflow) under the Trainer: its "auto"
+    schedule needs the engine's own dataloader (the Trainer keeps it, so "auto" selection never reselects) and
+    the Trainer's fill stops on the "auto" strings; and ZenFlow replaces the engine's gradient accumulation
+    with its update_interval, so the optimizer steps on a cadence the Trainer does not count."""
+    block = get_dotted(context.config, _ZENFLOW)
+    if not isinstance(block, dict):
+        return []
+    args_accumulation = context.trainer_args.get("gradient_accumulation_steps")
+    config_accumulation = context.config.get("gradient_accumulation_steps")
+    accumulation = args_accumulation if isinstance(args_accumulation, int) else (
+        config_accumulation if isinstance(config_accumulation, int) else None)
+    interval = accumulation or "N (the run's gradient_accumulation_steps)"
+    explicit = (f'"select_strategy": "step", "select_interval": {interval}, "update_interval": {interval}')
+    found = []
+    written = [key for key in _ZENFLOW_SCHEDULE if block.get(key) == "auto"]
+    left_out = [key for key in _ZENFLOW_SCHEDULE if key not in block]
+    if written and context.trainer_fills_auto:
+        found.append(Finding("zenflow-auto", "error",
+                             f"zenflow.{', zenflow.'.join(written)} {'is' if len(written) == 1 else 'are'} \"auto\": "
+                             "the Trainer's fill of the config stops on it (\"not found in kwargs\").",
+                             f"write the schedule out in zero_optimization.zenflow: {explicit}."))
+    if left_out:
+        found.append(Finding("zenflow-schedule-left-out", "warning",
+                             f"zenflow.{', zenflow.'.join(left_out)} left out: DeepSpeed then selects epoch-wise "
+                             "from the engine's own dataloader (under the Trainer it has none, so the important "
+                             "columns are never reselected) and adapts the update interval, which replaces the "
+                             "run's gradient accumulation.",
+                             f"write the schedule out in zero_optimization.zenflow: {explicit}."))
+    update = block.get("update_interval")
+    if isinstance(update, int) and accumulation is not None and update != accumulation:
+        found.append(Finding("zenflow-accumulation", "warning",
+                             f"zenflow.update_interval is {update} and the run accumulates {accumulation} "
+                             "micro-batches: ZenFlow sets the engine's gradient accumulation to its update_interval, "
+                             "so the optimizer steps every "
+                             f"{update} micro-batches while the Trainer counts (and schedules the learning rate) "
+                             f"every {accumulation}.",
+                             f"set zenflow.update_interval to {accumulation}, or gradient_accumulation_steps to "
+                             f"{update}."))
+    if context.zero.get("stage") == 3:
+        found.append(Finding("zenflow-zero3", "warning",
+                             "ZenFlow under ZeRO-3 failed in its first step with a CUDA device-side assert on one "
+                             "H200 (DeepSpeed 0.19.8, hf-zero bench, 1.35B).",
+                             "use ZenFlow with stage 2 (zero2_offload), or leave the zenflow block out."))
+    return found
+
+
 RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile,
-         _sequence_parallel_size_key)
+         _sequence_parallel_size_key, _zenflow)
 
 
 def config_findings(context: CheckContext) -> list:
