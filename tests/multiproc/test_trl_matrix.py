@@ -23,6 +23,7 @@ TRL_WORKER = REPO / "tests" / "workers" / "train_trl.py"
 PRESETS = {"zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2, "zero3_offload": 3}
 TRAINERS = ["sft", "dpo", "grpo"]
 LAUNCHERS = ["torchrun", "accelerate"]
+GPU_ONLY_DROPPED = "DeepSpeed's leaf-module fast path works only on GPUs"
 
 
 def _launch(launcher, preset):
@@ -44,7 +45,9 @@ def test_trl_trainer_under_preset(tiny_models, tmp_path, trainer, preset, launch
     stage = PRESETS[preset]
 
     assert result["engine"] == "DeepSpeedEngine" and result["world_size"] == 2 and result["dp_world_size"] == 2
-    assert result["warnings"] == []  # ZeroCallback has nothing to say about a preset run as shipped
+    # ZeroCallback has nothing to say about a preset as shipped, but that on CPU it drops the zero3 preset's GPU-only
+    # leaf-module threshold from the JSON accelerate reads (under torchrun the arguments' glue drops it silently)
+    assert [w for w in result["warnings"] if GPU_ONLY_DROPPED not in w] == []
     assert result["zero_stage"] == stage and result["optimizer_offloaded"] == preset.endswith("_offload")
     losses = result["losses"]
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses), losses
