@@ -2,8 +2,8 @@
 
 Every trainer x preset x launcher runs: torchrun with ``--deepspeed PRESET`` in the arguments, and
 ``accelerate launch --config_file recipes/accelerate/PRESET.yaml`` with no ``deepspeed=`` (the YAML names the JSON).
-A run takes 12-35 s on 2 CPU cores (the offload presets and SFT are the slowest), the 30 runs about 9 minutes: within
-what ``make test-long`` affords, so the full product is tested rather than a cover that runs each pair once. ZeRO-Infinity (NVMe) is left to tests that need libaio.
+A run takes 11-16 s on 2 CPU cores, the 30 runs about 7 minutes (9 with other work on the machine): within what
+``make test-long`` affords, so the full product is tested rather than a cover that runs each pair once. ZeRO-Infinity (NVMe) is left to tests that need libaio.
 
 Each run checks what a user relies on: DeepSpeed drives the model on both ranks at the preset's stage, the losses
 are finite (and fall for SFT and DPO, whose data the tiny model learns in 4 steps), ZeRO-3 partitions the model as
