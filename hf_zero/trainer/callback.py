@@ -20,12 +20,12 @@ from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
-from ..modeling import has_frozen_parameters
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
                                  sequence_parallel_problems)
 from ..zero3.partitions import full_numel, is_zero3_param
-from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on, peft_recompute_problems,
-                                     set_gradient_checkpointing_kwargs, turn_on_gradient_checkpointing)
+from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
+                                     peft_recompute_problems, set_gradient_checkpointing_kwargs,
+                                     turn_on_gradient_checkpointing)
 from .memory import all_ranks_memory, host_memory_problem_of
 from .padding import padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
@@ -282,15 +282,11 @@ class ZeroCallback(TrainerCallback, ExportableState):
                            f"partitioned it: {size * ranks / 1024**3:.2f} GiB of host memory on this node at load. "
                            "Fix: create TrainingArguments(deepspeed=...) before from_pretrained, or load with "
                            "hf_zero.from_pretrained(cls, path, config).")
-        if gradient_checkpointing_on(args):
-            kwargs = gradient_checkpointing_kwargs(args)
-            if kwargs is None:
-                # Reentrant checkpointing re-runs forward without ZeRO-3's hooks in a state it expects.
-                set_gradient_checkpointing_kwargs(args, {"use_reentrant": False})
-            elif kwargs.get("use_reentrant", False) and self.stage == 3 and not has_frozen_parameters(model):
-                # (with frozen weights, e.g. TRL's PEFT runs, reentrant checkpointing is the known-good path)
-                self._warn("gradient checkpointing with use_reentrant=True under ZeRO-3 is fragile; "
-                           "prefer gradient_checkpointing_kwargs={'use_reentrant': False}.")
+        if gradient_checkpointing_on(args) and gradient_checkpointing_kwargs(args) is None:
+            # One choice across transformers releases (whose defaults differ), and never the one that fails here.
+            # A user's own use_reentrant is left alone: on DeepSpeed 0.19.8 both train ZeRO-3 to the same bits
+            # (tests/multiproc/test_reentrant_checkpointing.py); peft_recompute_problems stops the one that fails.
+            set_gradient_checkpointing_kwargs(args, default_checkpointing_kwargs(model, args))
         problems = peft_recompute_problems(model, args)
         if problems:
             raise ConfigError(problems)

@@ -32,24 +32,41 @@ def set_gradient_checkpointing_kwargs(args, kwargs) -> None:
             setattr(args, name, kwargs)
 
 
+def non_reentrant_recompute_fails(model, args, deepspeed_version: str | None = None) -> bool:
+    """Whether a non-reentrant checkpoint recompute of this model fails under this run's DeepSpeed: ZeRO-3, frozen
+    parameters (PEFT) and DeepSpeed before 0.19.3 (``deepspeed_version``, default the installed one)."""
+    config = deepspeed_config_of(args) or {}
+    if zero_stage(config) != 3 or not has_frozen_parameters(unwrap_model(model)):
+        return False
+    if deepspeed_version is None:
+        import deepspeed
+
+        deepspeed_version = deepspeed.__version__
+    return Version(deepspeed_version) < Version(FROZEN_RECOMPUTE_FIX)
+
+
+def default_checkpointing_kwargs(model, args, deepspeed_version: str | None = None) -> dict:
+    """The kwargs ZeroCallback sets when the user gave none: non-reentrant (transformers 5.24's own default; older
+    releases defaulted to reentrant), reentrant only where the non-reentrant recompute fails, as TRL picks it there.
+    Both train ZeRO-3 to the same bits on DeepSpeed 0.19.8, so neither choice changes what is learned."""
+    return {"use_reentrant": non_reentrant_recompute_fails(model, args, deepspeed_version)}
+
+
 def peft_recompute_problems(model, args, deepspeed_version: str | None = None) -> list:
     """Why gradient checkpointing of this PEFT model would crash under ZeRO-3; [] if it will not.
 
     DeepSpeed before 0.19.3 re-partitions frozen parameters inside a non-reentrant recompute and
     torch raises ``CheckpointError: Recomputed values ... saved [64] vs recomputed [0]``.
     """
-    config = deepspeed_config_of(args) or {}
-    if not gradient_checkpointing_on(args) or zero_stage(config) != 3:
+    if not gradient_checkpointing_on(args):
         return []
     if (gradient_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
         return []  # the reentrant path does not compare recomputed tensors
-    if not has_frozen_parameters(unwrap_model(model)):
-        return []  # full fine-tuning
     if deepspeed_version is None:
         import deepspeed
 
         deepspeed_version = deepspeed.__version__
-    if Version(deepspeed_version) >= Version(FROZEN_RECOMPUTE_FIX):
+    if not non_reentrant_recompute_fails(model, args, deepspeed_version):
         return []
     return [(f"DeepSpeed {deepspeed_version} re-partitions frozen parameters during a non-reentrant gradient-checkpointing "
              "recompute under ZeRO-3, and backward fails with torch CheckpointError (saved vs recomputed shape [0]). "

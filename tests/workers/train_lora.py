@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens, StepsTrained
+from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens, StepsTrained, reentrant_kwargs
 
 import hf_zero
 import hf_zero.lora
@@ -44,6 +44,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--save-steps", type=int, default=0)
     p.add_argument("--gc", action="store_true")
+    p.add_argument("--reentrant", choices=["true", "false"], default=None, help="gradient_checkpointing_kwargs' use_reentrant")
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the base partitions in bf16)")
     p.add_argument("--naive-save", action="store_true")
     p.add_argument("--merge", action="store_true")
@@ -57,7 +58,7 @@ def main():
         output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=1e-2, logging_steps=1,
         report_to=[], seed=0, save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
         disable_tqdm=True, lr_scheduler_type="constant", deepspeed=deepspeed_config(opts), bf16=opts.bf16,
-        **{CHECKPOINTING_ARG: opts.gc})
+        **{CHECKPOINTING_ARG: opts.gc}, **reentrant_kwargs(opts))
     base = AutoModelForCausalLM.from_pretrained(opts.model)  # zero.Init through TrainingArguments
     base_partitioned = hf_zero.is_partitioned(base)
     torch.manual_seed(0)  # LoRA A's init; rank 0's is broadcast when DeepSpeed partitions it
@@ -96,6 +97,7 @@ def main():
             "lora_dtypes": sorted({str(getattr(p, "ds_tensor", p).dtype) for n, p in trainer.model.named_parameters()
                                    if "lora_" in n}),
             "warnings": callback.warnings,
+            "use_reentrant": (getattr(args, f"{CHECKPOINTING_ARG}_kwargs", None) or {}).get("use_reentrant"),
             # the same real args and model, as DeepSpeed 0.19.2 (CheckpointError reproduced there) would see them
             "checkpointing_problems_0_19_2": hf_zero.lora.checkpointing_problems(trainer.model, args, "0.19.2"),
             "checkpoints": sorted(d.name for d in out.glob("checkpoint-*")),

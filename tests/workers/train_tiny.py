@@ -28,6 +28,13 @@ SCHEDULES = {"constant": dict(lr_scheduler_type="constant"),
              "warmup": dict(lr_scheduler_type="linear", warmup_steps=2)}
 
 
+def reentrant_kwargs(opts) -> dict:
+    """--reentrant true|false: the user's own gradient-checkpointing kwargs; left out, ZeroCallback picks them."""
+    if opts.reentrant is None:
+        return {}
+    return {f"{CHECKPOINTING_ARG}_kwargs": {"use_reentrant": opts.reentrant == "true"}}
+
+
 def build_args(opts):
     common = dict(
         output_dir=opts.out, per_device_train_batch_size=2, gradient_accumulation_steps=opts.accum,
@@ -35,6 +42,7 @@ def build_args(opts):
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
         bf16=opts.bf16, **{CHECKPOINTING_ARG: opts.gc}, disable_tqdm=True, **SCHEDULES[opts.schedule],
         deepspeed=opts.deepspeed, save_total_limit=opts.save_total_limit, torch_compile=opts.torch_compile,
+        **reentrant_kwargs(opts),
     )
     if opts.plain_args:
         # What a user's unmodified script does: transformers' own arguments, no CPU glue.
@@ -159,6 +167,7 @@ def main():
     p.add_argument("--save-steps", type=int, default=0)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--gc", action="store_true")
+    p.add_argument("--reentrant", choices=["true", "false"], default=None, help="gradient_checkpointing_kwargs' use_reentrant")
     p.add_argument("--plain-args", action="store_true")
     p.add_argument("--args-class", default="hf_zero", choices=["hf_zero", "seq2seq"],
                    help="seq2seq: hf_zero.zero_arguments(Seq2SeqTrainingArguments), parsed by HfArgumentParser")

@@ -117,6 +117,9 @@ def main():
                                    if "completions/mean_length" in e],
             "engine": type(trainer.model_wrapped).__name__,
             "dp_world_size": getattr(trainer.model_wrapped, "dp_world_size", None),
+            # what the engine runs, as DeepSpeed itself reports it (not what the config asked for)
+            "zero_stage": getattr(trainer.model_wrapped, "zero_optimization_stage", lambda: None)(),
+            "optimizer_offloaded": getattr(trainer.model_wrapped, "zero_cpu_offload", lambda: None)(),
             "partitioned_at_load": partitioned_at_load,
             "warnings": callback.warnings,
             # assistant-only loss: the prompt's tokens carry label -100
