@@ -684,28 +684,37 @@ def shortfall(est: Estimate, gpu_capacity: int, host_capacity: int | None, headr
     return None
 
 
+def _deepest_fitting(fits, bound: int) -> tuple:
+    """(last, first_over) for a ``fits`` that holds from 1 up to some k and not beyond (memory grows with the
+    searched size in every term): the largest k <= ``bound`` that fits, found by doubling then bisection, and the
+    smallest size that does not (None when ``bound`` itself fits); (0, 1) when not even 1 fits."""
+    if not fits(1):
+        return 0, 1
+    low, high = 1, 2
+    while high <= bound and fits(high):
+        low, high = high, 2 * high
+    if high > bound:  # every doubling up to the bound fits: the bound itself, or the bisection below it
+        if fits(bound):
+            return bound, None
+        high = bound
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, high
+
+
 def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity: int, host_capacity: int | None,
                      headroom: float = 0.9, nvme_capacity: int | None = None) -> int | None:
     """The longest sequence (the run's micro batch, a multiple of the sequence-parallel size) whose estimate fits,
-    found by bisection over the same estimate; None when not even the shortest fits. Memory grows with the
-    sequence in every term, so the first length that does not fit bounds the search."""
+    found by bisection over the same estimate; None when not even the shortest fits."""
     step = run.sequence_parallel
 
     def fits(k: int) -> bool:
         planned = estimate(setup, model, replace(run, seq=k * step))
         return shortfall(planned, gpu_capacity, host_capacity, headroom, nvme_capacity) is None
 
-    if not fits(1):
-        return None
-    low, high = 1, 2
-    while fits(high):
-        low, high = high, 2 * high
-        if high * step > MAX_SEQ_SEARCHED:
-            return low * step
-    while high - low > 1:  # fits(low), not fits(high)
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low * step
+    longest, _ = _deepest_fitting(fits, MAX_SEQ_SEARCHED // step)
+    return longest * step or None
 
 
 @dataclass
@@ -726,29 +735,19 @@ def largest_model(setup: str, model: ModelShape, run: RunShape, gpu_capacity: in
                   nvme_capacity: int | None = None, headroom: float = 0.9,
                   max_layers: int = MAX_LAYERS_SEARCHED) -> LargestModel:
     """The deepest model of ``model``'s shape family (its hidden size, heads, intermediate size and vocabulary)
-    whose estimate fits, found by bisection over the decoder layers as ``longest_sequence`` does over the sequence:
-    every term grows with the layers, so the first depth that does not fit bounds the search. ``limit`` names the
+    whose estimate fits, found by bisection over the decoder layers as ``longest_sequence`` does over the sequence.
+    ``limit`` names the
     resources the next layer would overflow: where the host or the NVMe disk, not the GPU, stops the model."""
 
     def over(layers: int) -> tuple:
         planned = estimate(setup, model.with_layers(layers), run)
         return overflowed(planned, gpu_capacity, host_capacity, headroom, nvme_capacity)
 
-    if over(1):
+    layers, first_over = _deepest_fitting(lambda k: not over(k), max_layers)
+    if not layers:
         return LargestModel(setup, None, None, over(1))
-    low, high = 1, 2
-    while high <= max_layers and not over(high):
-        low, high = high, 2 * high
-    if high > max_layers:  # every depth tried fits: the bound itself, or the bisection below it
-        if not over(max_layers):
-            deepest = model.with_layers(max_layers)
-            return LargestModel(setup, deepest, estimate(setup, deepest, run), ())
-        high = max_layers
-    while high - low > 1:  # low fits, high does not
-        middle = (low + high) // 2
-        low, high = (middle, high) if not over(middle) else (low, middle)
-    deepest = model.with_layers(low)
-    return LargestModel(setup, deepest, estimate(setup, deepest, run), over(high))
+    deepest = model.with_layers(layers)
+    return LargestModel(setup, deepest, estimate(setup, deepest, run), over(first_over) if first_over else ())
 
 
 def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib: float | None = None,

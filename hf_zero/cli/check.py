@@ -50,44 +50,34 @@ def _model_config(model) -> dict:
         raise ConfigError(f"--model {model!r} is neither a folder with config.json, a config.json, nor a reachable Hub id") from None
 
 
-def _host_memory_findings(config: dict, model_config: dict, args) -> list:
-    """An offload preset whose model states alone exceed the node's memory: the planner's figure."""
-    from ..config.findings import Finding
-
-    if not offload_devices(config):
+def _model_findings(config: dict, model_config: dict, args) -> list:
+    """What an offload preset cannot do for this model, counted on its shape (built once, on the meta device):
+    model states over the node's memory (the planner's figure), and a parameter partition over zero3_nvme's swap
+    buffer (DeepSpeed stops at zero.Init)."""
+    devices = offload_devices(config)
+    if not devices:
         return []
     import psutil
 
     from ..bench.model import build_config
-    from ..planner import GIB, ModelShape, host_memory_problem
+    from ..config.findings import Finding
+    from ..planner import GIB, ModelShape, host_memory_problem, nvme_buffer_problem
 
     if args.host_mem is not None and not args.host_mem > 0:
         raise ConfigError(f"--host-mem must be a positive number of GiB, got {args.host_mem}")
     host = args.host_mem * GIB if args.host_mem else psutil.virtual_memory().total
-    params = ModelShape.from_config(build_config(model_config)).params
+    shape = ModelShape.from_config(build_config(model_config))
     # one node of --world-size processes, a 16-bit run (what ZeRO-3 keeps of the parameters on the host)
-    problem = host_memory_problem(config, params, params, args.world_size, args.world_size, 2, int(host))
-    if problem is None:
-        return []
-    message, _, fix = problem.partition(" Fix: ")
-    return [Finding("host-memory", "error", message, fix)]
-
-
-def _nvme_buffer_findings(config: dict, model_config: dict, args) -> list:
-    """zero3_nvme with a parameter partition over offload_param.buffer_size: DeepSpeed stops at zero.Init."""
-    from ..config.findings import Finding
-
-    if "nvme" not in offload_devices(config):
-        return []
-    from ..bench.model import build_config
-    from ..planner import ModelShape, nvme_buffer_problem
-
-    largest = max(ModelShape.from_config(build_config(model_config)).param_sizes())
-    problem = nvme_buffer_problem(config, largest, args.world_size)
-    if problem is None:
-        return []
-    message, _, fix = problem.partition(" Fix: ")
-    return [Finding("nvme-buffer-too-small", "error", message, fix)]
+    problems = [("host-memory", host_memory_problem(config, shape.params, shape.params, args.world_size,
+                                                    args.world_size, 2, int(host)))]
+    if "nvme" in devices:
+        problems.append(("nvme-buffer-too-small", nvme_buffer_problem(config, max(shape.param_sizes()), args.world_size)))
+    findings = []
+    for code, problem in problems:
+        if problem is not None:
+            message, _, fix = problem.partition(" Fix: ")
+            findings.append(Finding(code, "error", message, fix))
+    return findings
 
 
 def run(args) -> int:
@@ -104,7 +94,7 @@ def run(args) -> int:
                                    model_config=model_config, trainer_args=trainer_args, environment=not args.no_env,
                                    sequence_parallel=args.sequence_parallel)
     if model_config is not None:
-        findings += _host_memory_findings(config, model_config, args) + _nvme_buffer_findings(config, model_config, args)
+        findings += _model_findings(config, model_config, args)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     elif not findings:

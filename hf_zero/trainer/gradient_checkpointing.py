@@ -38,11 +38,16 @@ def non_reentrant_recompute_fails(model, args, deepspeed_version: str | None = N
     config = deepspeed_config_of(args) or {}
     if zero_stage(config) != 3 or not has_frozen_parameters(unwrap_model(model)):
         return False
-    if deepspeed_version is None:
-        import deepspeed
+    return Version(_deepspeed_version(deepspeed_version)) < Version(FROZEN_RECOMPUTE_FIX)
 
-        deepspeed_version = deepspeed.__version__
-    return Version(deepspeed_version) < Version(FROZEN_RECOMPUTE_FIX)
+
+def _deepspeed_version(given: str | None) -> str:
+    """``given``, or the installed DeepSpeed's version (tests pass an older one)."""
+    if given is not None:
+        return given
+    import deepspeed
+
+    return deepspeed.__version__
 
 
 def default_checkpointing_kwargs(model, args, deepspeed_version: str | None = None) -> dict:
@@ -62,10 +67,7 @@ def peft_recompute_problems(model, args, deepspeed_version: str | None = None) -
         return []
     if (gradient_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
         return []  # the reentrant path does not compare recomputed tensors
-    if deepspeed_version is None:
-        import deepspeed
-
-        deepspeed_version = deepspeed.__version__
+    deepspeed_version = _deepspeed_version(deepspeed_version)
     if not non_reentrant_recompute_fails(model, args, deepspeed_version):
         return []
     return [(f"DeepSpeed {deepspeed_version} re-partitions frozen parameters during a non-reentrant gradient-checkpointing "
