@@ -218,6 +218,14 @@ def summarize(events: list, steps: int) -> dict:
         entry[0] += e["dur"]
         entry[1] += 1
     top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:12]
+    # by direction and host memory kind ("Memcpy DtoH (Device -> Pageable)"): a pageable copy is synchronous
+    # and slow, the sign that an offload buffer lost its pinning
+    copies = defaultdict(lambda: [0.0, 0])
+    for e in gpu:
+        if e["cat"] == "gpu_memcpy":
+            entry = copies[e["name"]]
+            entry[0] += e["dur"]
+            entry[1] += (e.get("args") or {}).get("bytes", 0)
     return {
         "steps": steps,
         "step_ms": per_step(window[1] - window[0]),
@@ -228,6 +236,8 @@ def summarize(events: list, steps: int) -> dict:
         "idle_ms": per_step(max(0.0, (window[1] - window[0]) - length(busy))),
         "memcpy_ms": per_step(sum(e["dur"] for e in gpu if e["cat"] != "kernel")),
         "cpu_sync_ms": per_step(length(sync)),
+        "copies": {name: {"ms_per_step": per_step(us), "gib_per_step": size / 2**30 / max(steps, 1)}
+                   for name, (us, size) in sorted(copies.items())},
         "top_kernels": [{"name": name[:120], "ms_per_step": per_step(total), "calls_per_step": calls / max(steps, 1),
                          "communication": is_communication(name)} for name, (total, calls) in top],
     }

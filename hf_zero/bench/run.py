@@ -46,6 +46,7 @@ class Options:
     max_minutes: float | None = None
     setup_timeout: float = 900.0
     keep_saved: bool = False
+    save_all: bool = False  # save and reload-check every setup, not only ZeRO-3 (where the 16-bit gather can go wrong)
     profile_steps: int = 0  # > 0: profile this many steps after the timed ones (traces in OUT/traces/)
     memory_snapshot: bool = False  # record one more step's allocator history: what is alive at the peak
     repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
@@ -146,6 +147,12 @@ def failure(log: str, code: int | None, timeout: float) -> dict:
             "log_tail": log.splitlines()[-30:]}
 
 
+def saves(setup, opts: Options) -> bool:
+    """Whether a setup's model is saved and checked against the engine's weights: ZeRO-3 (where the 16-bit gather
+    can go wrong) or every setup with --save-all; never a LoRA adapter (hf_zero.lora saves those)."""
+    return (opts.save_all or setup.stage == 3) and not setup.lora
+
+
 def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     """Run one setup under torchrun and return its row (status ok / failed / oom / timeout)."""
     work = out / "work" / setup.name
@@ -154,7 +161,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     (out / "logs").mkdir(exist_ok=True)
     log_path = out / "logs" / f"{setup.name}.log"
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
-            "steps": opts.steps, "warmup": opts.warmup, "save": setup.stage == 3 and not setup.lora, "keep_saved": opts.keep_saved,
+            "steps": opts.steps, "warmup": opts.warmup, "save": saves(setup, opts), "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
             "memory_snapshot": opts.memory_snapshot,
             "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve()),
@@ -303,9 +310,11 @@ def _load_existing(path: Path, fingerprint: dict, fresh: bool) -> dict | None:
     return data
 
 
-def _check_configs(setups, on_gpu: bool, nproc: int, seq: int) -> None:
+def _check_configs(setups, on_gpu: bool, nproc: int, seq: int, out: Path) -> None:
     """Every DeepSpeed config through hf_zero's checker, and every variable-length setup against --seq, before
-    any GPU minute is spent: all problems at once."""
+    any GPU minute is spent: all problems at once. An NVMe block without a folder is checked with the one the
+    worker gives it, on the disk of ``out`` (worker.nvme_folder)."""
+    from ..config.presets import load_config
     from ..config.validate import check_config
 
     problems = []
@@ -315,7 +324,7 @@ def _check_configs(setups, on_gpu: bool, nproc: int, seq: int) -> None:
         if setup.deepspeed is None:
             continue
         try:
-            check_config(setup.deepspeed, on_cpu=not on_gpu, world_size=nproc)
+            check_config(load_config(setup.deepspeed, nvme_path=out), on_cpu=not on_gpu, world_size=nproc)
         except ConfigError as e:
             problems += [f"{setup.name}: {p}" for p in e.problems]
     if problems:
@@ -340,7 +349,8 @@ def _sweep(opts: Options, progress) -> int:
     on_gpu = gpus > 0
     opts = resolve_defaults(opts, gpus)
     setups = select(opts.setups, opts.variants, opts.nproc)
-    _check_configs(setups, on_gpu, opts.nproc, opts.seq)
+    Path(opts.out).mkdir(parents=True, exist_ok=True)
+    _check_configs(setups, on_gpu, opts.nproc, opts.seq, Path(opts.out))
     model = resolve_model(opts.model)
     config = build_config(model[1])
     shape = ModelShape.from_config(config, name=model[0])

@@ -30,6 +30,9 @@ from ..long_context import LongContext
 MICRO_BATCH, GC_MICRO_BATCH = 4, 8
 PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 BASES = ("ddp", "fsdp", "ds_auto_zero2", "ds_auto_zero3") + PRESETS
+# named, but never in a default sweep: its swap files go to the work folder's disk (worker.nvme_folder), which
+# says more about that disk than about ZeRO
+EXTRA_BASES = ("zero3_nvme",)
 # On one GPU there is nothing to shard or compare FSDP with; what matters there is offload vs plain.
 ONE_GPU_BASES = ("ddp", "zero2", "zero3", "zero2_offload", "zero3_offload")
 DATA_FIELDS = ("min_seq", "pad_to_multiple_of")  # variable-length batches (worker.PadToLongest)
@@ -113,6 +116,8 @@ class Setup:
             return "ddp"
         offload = get_dotted(self.deepspeed, "zero_optimization.offload_optimizer.device") not in (None, "none")
         if self.stage == 3:
+            if get_dotted(self.deepspeed, "zero_optimization.offload_param.device") == "nvme":
+                return "zero3_nvme"
             return "zero3_offload" if offload else "zero3"
         return ("zero2_offload" if offload else "zero2") if self.stage == 2 else "zero1"
 
@@ -133,7 +138,7 @@ def _named(base: str, gc: bool) -> Setup:
 
 def named_setups() -> dict:
     """Every named setup, in table order: each base at micro batch 4, then all "+gc" ones."""
-    return {s.name: s for gc in (False, True) for s in (_named(b, gc) for b in BASES)}
+    return {s.name: s for gc in (False, True) for s in (_named(b, gc) for b in BASES + EXTRA_BASES)}
 
 
 def default_names(nproc: int) -> list:
@@ -323,7 +328,8 @@ def select(names, variants, nproc: int) -> list:
     for name in names:
         if name in GROUPS:
             gc = GROUPS[name]
-            chosen += [n for n in known if gc is None or known[n].gradient_checkpointing == gc]
+            chosen += [n for n in known if (gc is None or known[n].gradient_checkpointing == gc)
+                       and known[n].base not in EXTRA_BASES]
         elif name in known:
             chosen.append(name)
         else:

@@ -24,6 +24,7 @@ from hf_zero.bench.model import build_config
 from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
 from hf_zero.checkpoints.saved_models import safetensors_files
+from hf_zero.config.dotted import offload_devices
 from hf_zero.distributed import barrier, has_gpu, is_distributed
 
 GIB = 1024**3
@@ -217,6 +218,28 @@ def total_steps(spec: dict) -> int:
     return spec["steps"] + (StepProfiler.extra_steps(profiled) if profiled else 0) + bool(spec.get("memory_snapshot"))
 
 
+def nvme_folder(spec: dict) -> Path:
+    """The NVMe swap folder of a setup that offloads to NVMe without naming one: in its work folder."""
+    folder = Path(spec["workdir"]) / "nvme"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def folder_gib(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**30
+
+
+class FolderPeak(TrainerCallback):
+    """The largest size a folder reaches at the end of a step: DeepSpeed's NVMe swap files exist only while the
+    engine does (it removes them at the end of training)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.peak_gib = folder, 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.peak_gib = max(self.peak_gib, folder_gib(self.folder))
+
+
 def build_args(spec: dict, setup: dict):
     on_gpu = has_gpu()
     gc = setup["gradient_checkpointing"]
@@ -236,6 +259,8 @@ def build_args(spec: dict, setup: dict):
         # the Trainer's default (True without checkpointing) adds a graph traversal per step that
         # PyTorch itself warns about; a tuned DDP baseline turns it off
         kwargs["ddp_find_unused_parameters"] = False
+    if setup["kind"] == "deepspeed" and "nvme" in offload_devices(setup["deepspeed"]):
+        kwargs["nvme_path"] = str(nvme_folder(spec))  # only where the config names none (hf_zero.TrainingArguments)
     kwargs.update(setup["args"])
     if setup["kind"] == "deepspeed":
         return hf_zero.TrainingArguments(deepspeed=setup["deepspeed"], **kwargs)
@@ -312,6 +337,9 @@ def main(argv=None):
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
     timer = StepTimer()
     trainer.add_callback(timer)
+    nvme = FolderPeak(Path(spec["workdir"]) / "nvme") if (Path(spec["workdir"]) / "nvme").is_dir() else None
+    if nvme is not None:
+        trainer.add_callback(nvme)
     profiler = None
     if spec.get("profile_steps") and args.process_index == 0:
         # after the timer, so its synchronize ends each profiled step's GPU work inside the step
@@ -364,6 +392,8 @@ def main(argv=None):
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
         }
+        if nvme is not None:
+            result["nvme_gib"] = nvme.peak_gib  # this rank's files: rank 0 writes the result
         if setup.get("lora"):
             result["adapter_dtypes"] = adapter_dtypes(trainer.model)
         if data_stats:

@@ -34,6 +34,8 @@ def add_parser(subparsers):
     p.add_argument("--fresh", action="store_true", help="discard an existing OUT/results.json instead of merging")
     p.add_argument("--max-minutes", type=float, help="start no new setup after this many minutes (then --resume)")
     p.add_argument("--setup-timeout", type=float, default=900.0, help="seconds before a setup is killed (default 900)")
+    p.add_argument("--save-all", action="store_true",
+                   help="save every setup's model and check it reloads equal (default: ZeRO-3 setups only)")
     p.add_argument("--keep-saved", action="store_true", help="keep each setup's work folder and saved model")
     p.add_argument("--profile-steps", type=int, default=0, metavar="N",
                    help="after the timed steps, profile N more (torch.profiler with Python tracing): compute, "
@@ -121,6 +123,7 @@ def run(args) -> int:
     opts = Options(out=args.out or "bench_out", setups=args.setups, variants=args.variant, nproc=args.nproc, model=args.model,
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
+                   save_all=args.save_all,
                    profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, repeat=args.repeat)
     if args.list:
         return _list(opts, args.simulate_ranks)

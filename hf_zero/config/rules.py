@@ -7,11 +7,15 @@ safe to make without asking (``hf-zero check --fix``).
 import copy
 import os
 from dataclasses import dataclass, field
+from importlib import metadata
+
+from packaging.version import Version
 
 from .dotted import get_dotted, tensor_parallel_size
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
 from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
 
+DEEPSPEED_REUSE_DEFAULT = 1_000_000_000  # stage3_max_reuse_distance when a config leaves it out (DeepSpeed 0.19.8)
 # zero_optimization keys that only one side of the stage-3 divide reads
 _STAGE3_ONLY = ("offload_param", "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights",
                 "zero_quantized_nontrainable_weights", "mics_shard_size")
@@ -29,6 +33,16 @@ class CheckContext:
     model_config: dict = field(default_factory=dict)
     trainer_args: dict = field(default_factory=dict)
     sequence_parallel: int = 1
+    deepspeed_version: str | None = None  # None: the installed one (tests pass others)
+
+    @property
+    def deepspeed(self) -> Version | None:
+        if self.deepspeed_version is not None:
+            return Version(self.deepspeed_version)
+        try:
+            return Version(metadata.version("deepspeed"))
+        except metadata.PackageNotFoundError:
+            return None
 
     @property
     def data_parallel_size(self) -> int:
@@ -133,6 +147,16 @@ def _offload(context):
             found.append(Finding("nvme-path-unusable", "error",
                                  f"zero_optimization.{block}.nvme_path {path!r} is not a writable folder.",
                                  "create it on a fast local disk, or point nvme_path at one."))
+    param = context.zero.get("offload_param")
+    reuse = context.zero.get("stage3_max_reuse_distance", DEEPSPEED_REUSE_DEFAULT)
+    if isinstance(param, dict) and param.get("device") == "nvme" and context.zero.get("stage") == 3 and reuse != 0:
+        # DeepSpeed issue 3062; reproduced on CPU by tests/multiproc/test_nvme_swap.py
+        found.append(Finding("nvme-param-reuse", "warning",
+                             f"offload_param goes to NVMe with stage3_max_reuse_distance {reuse:,}: each parameter "
+                             "kept for reuse holds one of offload_param.buffer_count swap buffers, and once they are "
+                             "all held DeepSpeed stops with \"Not enough buffers 0 for swapping 1\" (any model over "
+                             "offload_param.max_in_cpu elements whose layers hold more parameters than buffers).",
+                             "set zero_optimization.stage3_max_reuse_distance to 0, as the zero3_nvme preset does."))
     return found
 
 
@@ -228,11 +252,28 @@ def _zenflow(context):
                              f"set zenflow.update_interval to {accumulation}, or gradient_accumulation_steps to "
                              f"{update}."))
     if context.zero.get("stage") == 3:
-        found.append(Finding("zenflow-zero3", "warning",
-                             "ZenFlow under ZeRO-3 failed in its first step with a CUDA device-side assert on one "
-                             "H200 (DeepSpeed 0.19.8, hf-zero bench, 1.35B).",
-                             "use ZenFlow with stage 2 (zero2_offload), or leave the zenflow block out."))
+        found.append(_zenflow_zero3(context.deepspeed))
     return found
+
+
+# the newest DeepSpeed in which ZenFlow's stage-3 transposition was seen to break (benchmarks/cpu/zenflow_zero3)
+ZENFLOW_ZERO3_CHECKED = Version("0.19.8")
+
+
+def _zenflow_zero3(deepspeed: Version | None) -> Finding:
+    """ZenFlow's stage-3 optimizer transposes every matrix in place when the engine starts and its fetch hooks
+    transpose each gathered one back. A model built under zero.Init (what the Trainer does for any ZeRO-3 config)
+    is partitioned already, so the first transposition never happens and the forward reads a transposed
+    embedding; a model the engine partitions itself trains, but save_16bit_model writes every matrix transposed."""
+    problem = ("ZenFlow under ZeRO-3 does not train correctly: under the Trainer (zero.Init) the first forward "
+               "reads a transposed embedding (IndexError on CPU, a CUDA device-side assert on GPUs), and without "
+               "zero.Init the 16-bit save writes every weight matrix transposed")
+    fix = "use ZenFlow with stage 2 (zero2_offload), or leave the zenflow block out."
+    if deepspeed is None or deepspeed <= ZENFLOW_ZERO3_CHECKED:
+        return Finding("zenflow-zero3", "error", f"{problem} (DeepSpeed {deepspeed or 'unknown'}).", fix)
+    return Finding("zenflow-zero3", "warning",
+                   f"{problem} in DeepSpeed {ZENFLOW_ZERO3_CHECKED}; DeepSpeed {deepspeed} is newer and unchecked: "
+                   "run benchmarks/cpu/zenflow_zero3/repro.py before trusting a save.", fix)
 
 
 RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile,
@@ -268,6 +309,8 @@ def fix_config(config: dict, findings) -> dict:
         drop_gpu_only_settings(fixed)
     if "sequence-parallel-size-under-trainer" in codes:
         fixed.pop("sequence_parallel_size", None)
+    if "nvme-param-reuse" in codes:
+        zero["stage3_max_reuse_distance"] = 0
     if "zero3-no-gather" in codes:
         gather_weights_on_save(fixed)
     return fixed

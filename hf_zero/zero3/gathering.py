@@ -19,9 +19,12 @@ def gathered_params(params, modifier_rank=None):
 
 
 def gathered_state_dict(model) -> dict:
-    """Every parameter and buffer, full and on the CPU, cloned while gathered (collective under ZeRO-3)."""
+    """Every parameter and buffer, full and on the CPU, cloned while gathered (collective under ZeRO-3).
+
+    One parameter is whole at a time: the GPU never holds the whole model, and ZeRO-Infinity's NVMe swapper,
+    which lends each gathered parameter one of its ``buffer_count`` buffers, is never asked for more than one."""
     state = {}
-    with gathered_params(model.parameters()):
-        for name, tensor in model.state_dict(keep_vars=False).items():
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        with gathered_params([tensor]):
             state[name] = tensor.detach().to("cpu", copy=True)
     return state

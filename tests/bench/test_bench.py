@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, worker_env
 from hf_zero.bench import report
 from hf_zero.bench.run import (Options, _error_line, child_env, measured_launches, merge_repeat, planner_row,
-                                resolve_defaults)
+                                resolve_defaults, saves)
 from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
@@ -260,13 +260,34 @@ def test_steps_must_exceed_warmup():
 
 def test_named_setups_and_groups():
     names = named_setups()
-    assert len(names) == 18 and names["zero2+gc"].micro_batch == 8 and names["zero2+gc"].gradient_checkpointing
+    assert len(names) == 20 and names["zero2+gc"].micro_batch == 8 and names["zero2+gc"].gradient_checkpointing
+    assert names["zero3_nvme"].planner_setup == "zero3_nvme" and "zero3_nvme" not in default_names(2)
     assert names["ds_auto_zero3"].deepspeed["zero_optimization"]["reduce_bucket_size"] == "auto"
     assert names["ds_auto_zero2"].deepspeed["scheduler"]["type"] == "WarmupLR"
     assert names["zero3"].deepspeed["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # the shipped preset
-    assert [s.name for s in select(["gc"], [], 2)] == [n for n in names if n.endswith("+gc")]
+    # the groups leave zero3_nvme out: it measures the disk under the work folder
+    assert [s.name for s in select(["gc"], [], 2)] == [n for n in names if n.endswith("+gc") and "nvme" not in n]
+    assert [s.name for s in select(["zero3_nvme"], [], 1)] == ["zero3_nvme"]
     assert "fsdp" in default_names(2) and "fsdp" not in default_names(1)
     assert [s.name for s in select(None, ["v=zero3"], 2)] == ["v"]  # variants alone unless --setups adds more
+
+
+def test_zero3_setups_save_by_default_and_every_setup_with_save_all():
+    names = named_setups()
+    assert saves(names["zero3"], Options()) and saves(names["zero3_nvme"], Options())
+    assert not saves(names["zero2_offload"], Options()) and not saves(names["ddp"], Options())
+    assert saves(names["zero2_offload"], Options(save_all=True)) and saves(names["ddp"], Options(save_all=True))
+    lora = parse_variant("l=zero3:lora.r=4", names)
+    assert not saves(lora, Options()) and not saves(lora, Options(save_all=True))
+
+
+@pytest.mark.multiproc
+@pytest.mark.long
+def test_save_all_saves_and_reloads_a_zero2_run(tmp_path):
+    proc = _bench(["--setups", "zero2", "--save-all", "--nproc", "1", "--steps", "2", "--warmup", "1", "--seq", "16"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert row["save"]["reload_equal"] and row["save"]["tensors"] > 0, row["save"]
 
 
 def test_variant_parsing():
@@ -356,6 +377,20 @@ def test_profile_counts_exposed_communication():
     # the same communication fully under compute is not exposed
     hidden = [e for e in events if "nccl" not in e["name"]] + [_span("kernel", "ncclDevKernel_AllGather", 5, 30, tid=20)]
     assert summarize(hidden, steps=1)["exposed_comm_ms"] == 0.0
+    assert p["copies"] == {}
+
+
+def test_profile_splits_copies_by_direction_and_host_memory_kind():
+    # two steps: a pinned gradient copy-out per step, and one pageable upload (an offload buffer that lost its pinning)
+    def copy(name, ts, dur, size):
+        return {**_span("gpu_memcpy", name, ts, dur, tid=9), "args": {"bytes": size}}
+
+    events = [_span("user_annotation", "ProfilerStep#1", 0, 100), _span("user_annotation", "ProfilerStep#2", 100, 100),
+              copy("Memcpy DtoH (Device -> Pinned)", 10, 20, 2**30), copy("Memcpy DtoH (Device -> Pinned)", 110, 20, 2**30),
+              copy("Memcpy HtoD (Pageable -> Device)", 150, 40, 2**31)]
+    copies = summarize(events, steps=2)["copies"]
+    assert copies == {"Memcpy DtoH (Device -> Pinned)": {"ms_per_step": pytest.approx(0.02), "gib_per_step": 1.0},
+                      "Memcpy HtoD (Pageable -> Device)": {"ms_per_step": pytest.approx(0.02), "gib_per_step": 1.0}}
 
 
 def test_peak_breakdown_names_who_allocated_what_was_alive_at_the_peak():

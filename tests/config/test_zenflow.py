@@ -1,6 +1,6 @@
 """ZenFlow under the Trainer: "auto" schedule values stop the Trainer's fill, a left-out schedule never reselects,
-an update interval other than the run's accumulation steps the optimizer on another cadence, ZeRO-3 failed on a
-GPU. A schedule written out for the run's accumulation passes quietly."""
+an update interval other than the run's accumulation steps the optimizer on another cadence, ZeRO-3 transposes
+its weights (benchmarks/cpu/zenflow_zero3). A schedule written out for the run's accumulation passes quietly."""
 
 import pytest
 
@@ -43,6 +43,19 @@ def test_an_update_interval_other_than_the_accumulation_warns(update, quiet):
         assert "set zenflow.update_interval to 4" in found["zenflow-accumulation"].fix
 
 
-def test_zenflow_under_zero3_warns_and_under_zero2_does_not():
-    assert "zenflow-zero3" in _findings(SCHEDULE, preset="zero3_offload")
+def test_zenflow_under_zero3_is_an_error_and_under_zero2_is_quiet():
+    found = _findings(SCHEDULE, preset="zero3_offload")["zenflow-zero3"]
+    assert found.severity == "error" and "transposed" in found.message and "stage 2" in found.fix
     assert "zenflow-zero3" not in _findings(SCHEDULE, preset="zero2_offload")
+
+
+@pytest.mark.parametrize("version, severity", [("0.19.8", "error"), ("0.17.0", "error"), ("0.20.0", "warning")])
+def test_zenflow_under_zero3_is_refused_up_to_the_checked_deepspeed(version, severity):
+    from hf_zero.config.rules import CheckContext, _zenflow
+
+    config = load_config("zero3_offload")
+    config["zero_optimization"]["zenflow"] = {"topk_ratio": 0.05, **SCHEDULE}
+    (found,) = [f for f in _zenflow(CheckContext(config, deepspeed_version=version)) if f.code == "zenflow-zero3"]
+    assert found.severity == severity
+    if severity == "warning":
+        assert "unchecked" in found.message and "repro.py" in found.message

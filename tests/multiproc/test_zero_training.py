@@ -46,8 +46,9 @@ def test_nvme_preset_reloads_bitwise(trained, tmp_path, nproc):
     nvme.mkdir()
     out = trained("llama", "zero3_nvme", nproc, "--nvme-path", str(nvme))
     assert_reload_bitwise(out)
-    swapped = list(nvme.glob("zero_stage_3/*/rank*"))
-    assert swapped, "ZeRO-Infinity wrote nothing under nvme_path"
+    # DeepSpeed set up its swap folders under nvme_path; this tiny model stays in host memory (under
+    # offload_param.max_in_cpu), the swap itself is tests/multiproc/test_nvme_swap.py
+    assert list(nvme.glob("zero_stage_3/*/rank*")), "DeepSpeed set up no swap folder under nvme_path"
 
 
 def test_zero3_bf16_two_procs_reload_bitwise(trained):

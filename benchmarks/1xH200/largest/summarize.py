@@ -15,15 +15,15 @@ NOT_RUN = {
              "fp32 master weights and gain nothing from sharding over one rank)",
     "zero2": "not run: as zero1",
     "zero3": "not run: as zero1",
-    "zero3_nvme": "not run: DeepSpeed's async_io op needs libaio, which the GPU machine lacks (ldconfig lists none); "
-                  "the preset's offload_param.buffer_size (1e8) is also below this shape's embedding "
-                  "(131,072,000 elements), which DeepSpeed refuses",
+    "zero3_nvme": "failed twice in DeepSpeed's NVMe parameter swapper (see the attempts below); the preset now "
+                  "releases parameters right after use (stage3_max_reuse_distance 0), which trains on CPU "
+                  "(tests/multiproc/test_nvme_swap.py), not yet run on the GPU",
 }
 
 
-def load_runs() -> dict:
+def load_runs(folder: Path = HERE / "runs") -> dict:
     runs = {}
-    for path in sorted((HERE / "runs").glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         sweep = json.loads(path.read_text())
         [row] = sweep["results"]
         # the runs read the plan's configs from a scratch copy; the same files are in configs/
@@ -88,6 +88,12 @@ def main() -> None:
              "", *table(plan, runs), "", "## How this was made", "", f"- plan: `{PLAN_COMMAND}`"]
     for setup, run in runs.items():
         lines.append(f"- {setup} ({run['date']}): `{run['command']}`")
+    attempts = load_runs(HERE / "runs" / "attempts")
+    lines += ["", "## Attempts that failed", "",
+              "zero3_nvme on the H200, with libaio's header and library carried to the machine (CFLAGS, LDFLAGS, "
+              "LD_LIBRARY_PATH) and the swap files on its local disk:", ""]
+    for name, run in attempts.items():
+        lines.append(f"- {name} ({run['date']}): {run['status']}, `{run['error']}`; `{run['command']}`")
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
     plot(plan, runs, HERE / "largest.png")
 
