@@ -150,9 +150,10 @@ def _offload(context):
     param = context.zero.get("offload_param")
     reuse = context.zero.get("stage3_max_reuse_distance", DEEPSPEED_REUSE_DEFAULT)
     if isinstance(param, dict) and param.get("device") == "nvme" and context.zero.get("stage") == 3 and reuse != 0:
-        # DeepSpeed issue 3062; reproduced on CPU by tests/multiproc/test_nvme_swap.py
+        # open on DeepSpeed's tracker under that message; reproduced on CPU by tests/multiproc/test_nvme_swap.py
+        shown = f"{reuse:,}" if isinstance(reuse, (int, float)) else repr(reuse)
         found.append(Finding("nvme-param-reuse", "warning",
-                             f"offload_param goes to NVMe with stage3_max_reuse_distance {reuse:,}: each parameter "
+                             f"offload_param goes to NVMe with stage3_max_reuse_distance {shown}: each parameter "
                              "kept for reuse holds one of offload_param.buffer_count swap buffers, and once they are "
                              "all held DeepSpeed stops with \"Not enough buffers 0 for swapping 1\" (any model over "
                              "offload_param.max_in_cpu elements whose layers hold more parameters than buffers).",

@@ -16,7 +16,7 @@ def test_the_nvme_preset_releases_parameters_right_after_use(tmp_path):
     assert "nvme-param-reuse" not in _codes(load_config("zero3_nvme", nvme_path=tmp_path))
 
 
-@pytest.mark.parametrize("reuse", [1_000_000_000, 1, None])  # None: left out, DeepSpeed's default 1e9
+@pytest.mark.parametrize("reuse", [1_000_000_000, 1e9, 1, "1e9", None])  # None: left out, DeepSpeed's default 1e9
 def test_a_reuse_distance_with_parameters_on_nvme_warns_and_fix_sets_zero(tmp_path, reuse):
     config = load_config("zero3_nvme", nvme_path=tmp_path)
     config["zero_optimization"].pop("stage3_max_reuse_distance")
