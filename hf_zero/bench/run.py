@@ -349,15 +349,14 @@ def _sweep(opts: Options, progress) -> int:
     on_gpu = gpus > 0
     opts = resolve_defaults(opts, gpus)
     setups = select(opts.setups, opts.variants, opts.nproc)
-    Path(opts.out).mkdir(parents=True, exist_ok=True)
-    _check_configs(setups, on_gpu, opts.nproc, opts.seq, Path(opts.out))
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_configs(setups, on_gpu, opts.nproc, opts.seq, out)
     model = resolve_model(opts.model)
     config = build_config(model[1])
     shape = ModelShape.from_config(config, name=model[0])
     tied = bool(getattr(config, "tie_word_embeddings", False))
     flops = flops_per_token(shape, opts.seq, tied)
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     fingerprint = _fingerprint(opts, model, "cuda" if on_gpu else "cpu")
     data = _load_existing(path, fingerprint, opts.fresh) or {

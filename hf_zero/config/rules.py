@@ -7,10 +7,10 @@ safe to make without asking (``hf-zero check --fix``).
 import copy
 import os
 from dataclasses import dataclass, field
-from importlib import metadata
 
 from packaging.version import Version
 
+from ..versions import deepspeed_version
 from .dotted import get_dotted, tensor_parallel_size
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
 from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
@@ -37,12 +37,7 @@ class CheckContext:
 
     @property
     def deepspeed(self) -> Version | None:
-        if self.deepspeed_version is not None:
-            return Version(self.deepspeed_version)
-        try:
-            return Version(metadata.version("deepspeed"))
-        except metadata.PackageNotFoundError:
-            return None
+        return deepspeed_version(self.deepspeed_version)
 
     @property
     def data_parallel_size(self) -> int:

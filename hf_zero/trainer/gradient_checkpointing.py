@@ -5,6 +5,7 @@ from packaging.version import Version
 from ..config.dotted import zero_stage
 from ..config.live import deepspeed_config_of
 from ..modeling import has_frozen_parameters, unwrap_model
+from ..versions import deepspeed_version as installed_deepspeed
 
 # DeepSpeed PR #8148 (in 0.19.3): before it, ZeRO-3 re-partitioned frozen parameters during a
 # non-reentrant checkpoint recompute and torch raised CheckpointError (seen here with 0.19.2).
@@ -38,16 +39,8 @@ def non_reentrant_recompute_fails(model, args, deepspeed_version: str | None = N
     config = deepspeed_config_of(args) or {}
     if zero_stage(config) != 3 or not has_frozen_parameters(unwrap_model(model)):
         return False
-    return Version(_deepspeed_version(deepspeed_version)) < Version(FROZEN_RECOMPUTE_FIX)
-
-
-def _deepspeed_version(given: str | None) -> str:
-    """``given``, or the installed DeepSpeed's version (tests pass an older one)."""
-    if given is not None:
-        return given
-    import deepspeed
-
-    return deepspeed.__version__
+    version = installed_deepspeed(deepspeed_version)
+    return version is not None and version < Version(FROZEN_RECOMPUTE_FIX)
 
 
 def default_checkpointing_kwargs(model, args, deepspeed_version: str | None = None) -> dict:
@@ -67,10 +60,9 @@ def peft_recompute_problems(model, args, deepspeed_version: str | None = None) -
         return []
     if (gradient_checkpointing_kwargs(args) or {}).get("use_reentrant", False):
         return []  # the reentrant path does not compare recomputed tensors
-    deepspeed_version = _deepspeed_version(deepspeed_version)
     if not non_reentrant_recompute_fails(model, args, deepspeed_version):
         return []
-    return [(f"DeepSpeed {deepspeed_version} re-partitions frozen parameters during a non-reentrant gradient-checkpointing "
+    return [(f"DeepSpeed {installed_deepspeed(deepspeed_version)} re-partitions frozen parameters during a non-reentrant gradient-checkpointing "
              "recompute under ZeRO-3, and backward fails with torch CheckpointError (saved vs recomputed shape [0]). "
              f"Fix: pip install 'deepspeed>={FROZEN_RECOMPUTE_FIX}', or pass gradient_checkpointing_kwargs="
              "{'use_reentrant': True} (transformers makes the embeddings' output require grad, so LoRA layers "
