@@ -24,7 +24,7 @@ from hf_zero.bench.model import build_config
 from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
 from hf_zero.checkpoints.saved_models import safetensors_files
-from hf_zero.config.dotted import offload_devices
+from hf_zero.config.dotted import get_dotted, offload_devices
 from hf_zero.distributed import barrier, has_gpu, is_distributed
 
 GIB = 1024**3
@@ -229,15 +229,23 @@ def folder_gib(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**30
 
 
-class FolderPeak(TrainerCallback):
-    """The largest size a folder reaches at the end of a step: DeepSpeed's NVMe swap files exist only while the
-    engine does (it removes them at the end of training)."""
+def nvme_folders(config) -> set:
+    """The folders a resolved DeepSpeed config swaps to (the work folder's, the user's, or both)."""
+    if not isinstance(config, dict):
+        return set()
+    blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_param", "offload_optimizer"))
+    return {Path(b["nvme_path"]) for b in blocks if isinstance(b, dict) and b.get("device") == "nvme" and b.get("nvme_path")}
 
-    def __init__(self, folder: Path):
-        self.folder, self.peak_gib = folder, 0.0
+
+class FolderPeak(TrainerCallback):
+    """The largest size some folders reach together at the end of a step: DeepSpeed's NVMe swap files exist only
+    while the engine does (it removes them at the end of training)."""
+
+    def __init__(self, folders: set):
+        self.folders, self.peak_gib = folders, 0.0
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.peak_gib = max(self.peak_gib, folder_gib(self.folder))
+        self.peak_gib = max(self.peak_gib, sum(folder_gib(folder) for folder in self.folders))
 
 
 def build_args(spec: dict, setup: dict):
@@ -259,7 +267,7 @@ def build_args(spec: dict, setup: dict):
         # the Trainer's default (True without checkpointing) adds a graph traversal per step that
         # PyTorch itself warns about; a tuned DDP baseline turns it off
         kwargs["ddp_find_unused_parameters"] = False
-    if setup["kind"] == "deepspeed" and "nvme" in offload_devices(setup["deepspeed"]):
+    if setup["kind"] == "deepspeed" and "nvme" in offload_devices(setup["deepspeed"]) and "nvme_path" not in setup["args"]:
         kwargs["nvme_path"] = str(nvme_folder(spec))  # only where the config names none (hf_zero.TrainingArguments)
     kwargs.update(setup["args"])
     if setup["kind"] == "deepspeed":
@@ -337,7 +345,8 @@ def main(argv=None):
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
     timer = StepTimer()
     trainer.add_callback(timer)
-    nvme = FolderPeak(Path(spec["workdir"]) / "nvme") if (Path(spec["workdir"]) / "nvme").is_dir() else None
+    folders = nvme_folders(args.deepspeed) if setup["kind"] == "deepspeed" else set()
+    nvme = FolderPeak(folders) if folders else None
     if nvme is not None:
         trainer.add_callback(nvme)
     profiler = None

@@ -20,7 +20,7 @@ from hf_zero.bench.run import (Options, _error_line, child_env, measured_launche
 from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
-from hf_zero.bench.worker import PadToLongest, RandomTokens, compare_weights, engine_problem
+from hf_zero.bench.worker import PadToLongest, RandomTokens, compare_weights, engine_problem, nvme_folders
 from hf_zero.cli import main
 from hf_zero.errors import ConfigError
 
@@ -288,6 +288,15 @@ def test_save_all_saves_and_reloads_a_zero2_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads((tmp_path / "results.json").read_text())["results"]
     assert row["save"]["reload_equal"] and row["save"]["tensors"] > 0, row["save"]
+
+
+def test_nvme_folders_are_where_the_resolved_config_swaps(tmp_path):
+    from hf_zero.config.presets import load_config
+
+    config = load_config("zero3_nvme", nvme_path=tmp_path / "work")
+    config["zero_optimization"]["offload_optimizer"]["nvme_path"] = str(tmp_path / "mine")  # a user's own folder
+    assert nvme_folders(config) == {tmp_path / "work", tmp_path / "mine"}
+    assert nvme_folders(load_config("zero3_offload")) == set() and nvme_folders(None) == set()
 
 
 def test_variant_parsing():
