@@ -257,6 +257,22 @@ def memory_breakdown_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def host_peaks_table(data: dict) -> str:
+    """Per setup with --host-peaks: the code that raised rank 0's resident memory on its way to the peak."""
+    rows = [r for r in data["results"] if r.get("status") == "ok" and r.get("host_peaks")]
+    if not rows:
+        return ""
+    lines = ["| setup | phase | raised by | GiB |", "|---|---|---|---|"]
+    for row in rows:
+        peaks = row["host_peaks"]
+        lines.append(f"| {row['name']} | | **peak resident, from {peaks['start_gib']:.2f} at launch** "
+                     f"| **{peaks['peak_gib']:.2f}** |")
+        lines += [f"| | {r['phase']} | `{r['code']}` | {r['gib']:.2f} |" for r in peaks["rises"]]
+        if peaks["other_gib"]:
+            lines.append(f"| | | other code | {peaks['other_gib']:.2f} |")
+    return "\n".join(lines)
+
+
 def _env_text(env: dict) -> str:
     return ", ".join(f"`{k}={val}`" for k, val in env.items())
 
@@ -317,6 +333,12 @@ def render_markdown(data: dict) -> str:
                   "One step after the timed ones, recorded with torch.cuda.memory._record_memory_history: the blocks "
                   "alive when the allocated bytes peaked, grouped by the first Python frame outside torch that "
                   "allocated them.", "", breakdown]
+    host_peaks = host_peaks_table(data)
+    if host_peaks:
+        lines += ["", "## What raised the host's memory peak (rank 0, --host-peaks)", "",
+                  "Resident memory sampled every 5 ms from launch to the end of the save: each rise past the "
+                  "highest value so far is credited to the code the main thread ran then (its innermost frame "
+                  "outside torch). *init* is the model's and the engine's start, before the first step.", "", host_peaks]
     lines += ["", "## How this was made", "",
               "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "."]
     lines += environment_lines(data["results"])

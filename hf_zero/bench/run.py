@@ -49,6 +49,7 @@ class Options:
     save_all: bool = False  # save and reload-check every setup, not only ZeRO-3 (where the 16-bit gather can go wrong)
     profile_steps: int = 0  # > 0: profile this many steps after the timed ones (traces in OUT/traces/)
     memory_snapshot: bool = False  # record one more step's allocator history: what is alive at the peak
+    host_peaks: bool = False  # sample rank 0's resident memory: the code that raised the host's high-water mark
     repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
 
 
@@ -99,6 +100,10 @@ def command_line(opts: Options) -> str:
         parts += ["--profile-steps", str(opts.profile_steps)]
     if opts.memory_snapshot:
         parts.append("--memory-snapshot")
+    if opts.host_peaks:
+        parts.append("--host-peaks")
+    if opts.save_all:
+        parts.append("--save-all")
     if opts.repeat > 1:
         parts += ["--repeat", str(opts.repeat)]
     return shlex.join(parts)
@@ -141,10 +146,15 @@ def _error_line(log: str) -> str:
 def failure(log: str, code: int | None, timeout: float) -> dict:
     """Status, error line and log tail of a launch that wrote no result (``code`` None: it was killed at ``timeout``)."""
     oom = "OutOfMemoryError" in log or "CUDA out of memory" in log
-    return {"status": "timeout" if code is None else ("oom" if oom else "failed"),
-            "error": (f"no result after {timeout:g} s (--setup-timeout)" if code is None
-                      else _error_line(log) if code != 0 else "the workers exited 0 but wrote no result"),
-            "log_tail": log.splitlines()[-30:]}
+    row = {"status": "timeout" if code is None else ("oom" if oom else "failed"),
+           "error": (f"no result after {timeout:g} s (--setup-timeout)" if code is None
+                     else _error_line(log) if code != 0 else "the workers exited 0 but wrote no result"),
+           "log_tail": log.splitlines()[-30:]}
+    # the steps the worker finished before it stopped (its progress lines): how far a slow setup got
+    finished = [float(s) for s in re.findall(r"^hf-zero bench: step \d+/\d+: ([\d.]+) s$", log, re.MULTILINE)]
+    if finished:
+        row["finished_step_times"] = finished
+    return row
 
 
 def saves(setup, opts: Options) -> bool:
@@ -163,7 +173,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     spec = {"setup": setup.as_dict(), "model": {"name": model[0], "config": model[1]}, "seq": opts.seq,
             "steps": opts.steps, "warmup": opts.warmup, "save": saves(setup, opts), "keep_saved": opts.keep_saved,
             "workdir": str(work), "result": str(work / "result.json"), "profile_steps": opts.profile_steps,
-            "memory_snapshot": opts.memory_snapshot,
+            "memory_snapshot": opts.memory_snapshot, "host_peaks": opts.host_peaks,
             "trace": str((out / "traces" / f"{setup.name}.json.gz").resolve()),
             "python_trace": str((out / "traces" / f"{setup.name}.python.json.gz").resolve())}
     if opts.profile_steps:

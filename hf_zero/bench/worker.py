@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import transformers
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
+from hf_zero.bench.host_peaks import HostPeakSampler
 from hf_zero.bench.model import build_config
 from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
@@ -83,9 +85,10 @@ class StepTimer(TrainerCallback):
     """Wall time between consecutive optimizer-step ends (so data loading and logging count), and the
     memory peak of training alone: the peak counter is reset once the engine and model are built."""
 
-    def __init__(self):
+    def __init__(self, started: float | None = None):
         self.times, self.init_peak = [], {}
         self._last = None
+        self._started = started  # set: each step's time goes to the setup's log as it ends (offload steps take minutes)
 
     def _now(self):
         if torch.cuda.is_available():
@@ -97,11 +100,28 @@ class StepTimer(TrainerCallback):
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         self._last = self._now()
+        if self._started is not None:
+            self._progress(state, f"model and engine ready after {self._last - self._started:.1f} s")
 
     def on_step_end(self, args, state, control, **kwargs):
         now = self._now()
         self.times.append(now - self._last)
         self._last = now
+        self._progress(state, f"step {state.global_step}/{state.max_steps}: {self.times[-1]:.2f} s")
+
+    def _progress(self, state, line: str) -> None:
+        if self._started is not None and state.is_world_process_zero:
+            print(f"hf-zero bench: {line}", file=sys.stderr, flush=True)
+
+
+class PhaseLabel(TrainerCallback):
+    """Tells the host sampler when training starts: the rises before it are the model's and the engine's start."""
+
+    def __init__(self, sampler: HostPeakSampler):
+        self.sampler = sampler
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.sampler.phase = "train"
 
 
 def _host_memory() -> dict:
@@ -325,6 +345,8 @@ def main(argv=None):
     if has_gpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     started = time.perf_counter()
+    # from launch on: the engine's start-up buffers are part of the host's peak
+    host_peaks = HostPeakSampler().start() if spec.get("host_peaks") and os.environ.get("RANK", "0") == "0" else None
     apply_dynamo_settings(setup)
     args = build_args(spec, setup)
     model = build_model(spec, setup)
@@ -343,7 +365,7 @@ def main(argv=None):
     collator = PadToLongest(variable.get("pad_to_multiple_of")) if variable else None
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
-    timer = StepTimer()
+    timer = StepTimer(started)
     trainer.add_callback(timer)
     folders = nvme_folders(args.deepspeed) if setup["kind"] == "deepspeed" else set()
     nvme = FolderPeak(folders) if folders else None
@@ -358,8 +380,12 @@ def main(argv=None):
     if spec.get("memory_snapshot") and args.process_index == 0:
         recorder = PeakMemoryRecorder(step=total_steps(spec) - 1)  # the last step, after any profiled ones
         trainer.add_callback(recorder)
+    if host_peaks is not None:
+        trainer.add_callback(PhaseLabel(host_peaks))
     model_ready = time.perf_counter() - started
     trainer.train()
+    if host_peaks is not None:
+        host_peaks.phase = "save"
 
     engine = type(trainer.model_wrapped).__name__
     problem = engine_problem(setup["kind"], engine, world)
@@ -370,6 +396,7 @@ def main(argv=None):
     if spec["save"]:
         save = _save_and_check(trainer, Path(spec["workdir"]) / "saved", spec.get("keep_saved", False))
 
+    host_rises = host_peaks.stop() if host_peaks is not None else None
     batches = _all_ranks(_batch_tokens(collator, spec, accumulation)) if collator else None
     if trainer.is_world_process_zero():
         steady = timer.times[spec["warmup"]:spec["steps"]]  # the profiled steps are slower: never timed
@@ -414,6 +441,8 @@ def main(argv=None):
             result["profile"] = profiler.summary()
         if recorder is not None:
             result["memory_breakdown"] = recorder.summary
+        if host_rises is not None:
+            result["host_peaks"] = host_rises
         Path(spec["result"]).write_text(json.dumps(result, indent=1))
     hf_zero.shutdown()
 

@@ -44,6 +44,9 @@ def add_parser(subparsers):
     p.add_argument("--memory-snapshot", action="store_true",
                    help="record one more step's CUDA allocator history (rank 0): results.md lists what is alive at "
                         "the step's memory peak, grouped by the code that allocated it")
+    p.add_argument("--host-peaks", action="store_true",
+                   help="sample rank 0's resident host memory from launch to the end of the save: results.md "
+                        "lists the code that raised its high-water mark, and by how much (offload's peak is on the host)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="launch every setup N times, round by round (A B C A B C), and report the median tokens/s "
                         "with every launch's value: between-sweep drift then hits all setups alike")
@@ -124,7 +127,8 @@ def run(args) -> int:
                    steps=args.steps, warmup=args.warmup, seq=args.seq, resume=args.resume, fresh=args.fresh,
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
                    save_all=args.save_all,
-                   profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, repeat=args.repeat)
+                   profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, host_peaks=args.host_peaks,
+                   repeat=args.repeat)
     if args.list:
         return _list(opts, args.simulate_ranks)
     if args.simulate_ranks:

@@ -9,18 +9,20 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
+from transformers import TrainerState
 
 from conftest import REPO, worker_env
 from hf_zero.bench import report
-from hf_zero.bench.run import (Options, _error_line, child_env, measured_launches, merge_repeat, planner_row,
-                                resolve_defaults, saves)
+from hf_zero.bench.run import (Options, _error_line, child_env, failure, measured_launches, merge_repeat,
+                                planner_row, resolve_defaults, saves)
 from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
 from hf_zero.bench.profile import self_time, subtract, summarize, union
 from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
-from hf_zero.bench.worker import PadToLongest, RandomTokens, compare_weights, engine_problem, nvme_folders
+from hf_zero.bench.worker import PadToLongest, RandomTokens, StepTimer, compare_weights, engine_problem, nvme_folders
 from hf_zero.cli import main
 from hf_zero.errors import ConfigError
 
@@ -471,6 +473,29 @@ def test_error_line_skips_the_launcher_wrapper():
            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
     assert _error_line(log).startswith("torch.OutOfMemoryError: CUDA out of memory")
     assert _error_line("just a last line\n") == "just a last line"
+
+
+def test_a_setup_killed_mid_run_keeps_the_steps_it_finished(capsys):
+    # the worker's progress lines are what the launcher reads back from a log whose worker never wrote a result
+    timer = StepTimer(started=time.perf_counter())
+    state = TrainerState(max_steps=3)
+    timer.on_train_begin(None, state, None)
+    for step in (1, 2):
+        state.global_step = step
+        timer.on_step_end(None, state, None)
+    log = capsys.readouterr().err
+    assert "hf-zero bench: model and engine ready after" in log and "hf-zero bench: step 2/3:" in log
+    row = failure("$ torchrun ...\n" + log + "Received 15 death signal\n", None, 400)
+    assert row["status"] == "timeout" and row["finished_step_times"] == pytest.approx(timer.times, abs=0.01)
+    assert "finished_step_times" not in failure("RuntimeError: boom\n", 1, 400)
+
+
+def test_only_rank_zero_reports_progress(capsys):
+    timer = StepTimer(started=time.perf_counter())
+    state = TrainerState(max_steps=3, is_world_process_zero=False)
+    timer.on_train_begin(None, state, None)
+    timer.on_step_end(None, state, None)
+    assert capsys.readouterr().err == "" and len(timer.times) == 1
 
 
 def _gpu_row(name, tokens, peak, gc=False, **extra):
