@@ -420,7 +420,7 @@ def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 
     pinned, each block rounded by torch's cache: the fp32 master partition, a 16-bit copy of it for the upload, the
     fp32 gradient partition and, when accumulating, one 16-bit buffer per parameter (stage_1_and_2.py); pageable:
     CPU Adam's two fp32 moments. One H200, 1.35B, accumulation 16: 23.38 GiB pinned and 35.42 GiB RSS measured
-    (the process itself, about 2 GiB, is not counted here)."""
+    (the process itself is PROCESS_HOST_BYTES, which estimate adds)."""
     partition = trained // ranks
     pinned = torch_pinned(4 * partition) + torch_pinned(half * partition) + torch_pinned(4 * partition)
     if accumulation > 1:
@@ -434,12 +434,17 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int) -> int:
     pinned, rounded by torch's cache: the flat gradient-partition buffer (fp32), the flat 16-bit parameter
     partitions and one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master
     partitions and CPU Adam's two moments. One H200, 1.35B: 17.25 GiB pinned and 34.34 GiB RSS measured (the
-    process itself, about 2 GiB, is not counted here)."""
+    process itself is PROCESS_HOST_BYTES, which estimate adds)."""
     partition, weights = trained // ranks, psi // ranks
     groups = [SUB_GROUP] * (partition // SUB_GROUP) + ([partition % SUB_GROUP] if partition % SUB_GROUP else [])
     pinned = torch_pinned(4 * partition) + torch_pinned(half * weights) + sum(torch_pinned(4 * g) for g in groups)
     return pinned + 12 * partition
 
+
+# One training process's own resident memory on a GPU node, whatever it trains: Python with torch, transformers
+# and DeepSpeed loaded (0.92 GiB at launch on one H200, hf-zero bench --host-peaks) and the CUDA context (the plain
+# Trainer's whole peak RSS there is 1.9 GiB with its 8.33B model on the GPU)
+PROCESS_HOST_BYTES = 2 * GIB
 
 # recipes/zero3_nvme.json's swap settings (tests/planner/test_largest.py holds them to the recipe)
 NVME_PARAM_BUFFERS = 5  # offload_param.buffer_count
@@ -593,6 +598,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     else:
         host += offloaded_activation_bytes(model, run, 4, sequence_parallel=False) * run.gpus_per_node
     host += _add_reference_model(setup, phases, model, run)
+    host += PROCESS_HOST_BYTES * run.gpus_per_node
     return Estimate(setup, phases, host, nvme)
 
 
