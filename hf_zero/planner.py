@@ -534,11 +534,15 @@ def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | N
 
 def host_memory_problem(config: dict, params: int, trained: int, ranks: int, local_ranks: int, half: int,
                         host_bytes: int) -> str | None:
-    """Why an offload preset's model states cannot fit this node's memory (the planner's figure), or None.
-    The figure is DeepSpeed's host buffers without gradient accumulation's extra ones and without the process
-    itself (6% under the measured peak on one H200), so only a run that cannot fit is refused."""
+    """Why an offload preset's model states and its processes cannot fit this node's memory (the planner's figure),
+    or None. The figure is DeepSpeed's host buffers without gradient accumulation's extra ones, plus each process's
+    own memory (PROCESS_HOST_BYTES); it is under every peak measured on one H200 (73.2 GiB against 73.4 for the
+    largest zero2_offload model), so only a run that cannot fit is refused."""
     setup = setup_of_config(config)
-    host, _ = offloaded_states(setup, params, trained, ranks, local_ranks, half) if setup else (0, 0)
+    states, _ = offloaded_states(setup, params, trained, ranks, local_ranks, half) if setup else (0, 0)
+    if not states:
+        return None
+    host = states + PROCESS_HOST_BYTES * local_ranks
     if host <= host_bytes:
         return None
     # zero3_nvme's host bytes are its swap buffers: moving the states to NVMe is no longer a way out
@@ -547,10 +551,11 @@ def host_memory_problem(config: dict, params: int, trained: int, ranks: int, loc
     else:
         held = "fp32 master weights, Adam states, gradients and DeepSpeed's pinned buffers"
         fixes = "zero3_nvme (the states on NVMe), more nodes"
-    return (f"{setup} keeps {host / GIB:.1f} GiB of model states in host memory on this node (hf-zero plan's figure: "
-            f"{held} of {params / 1e9:.2f}B parameters over {ranks} rank(s), {local_ranks} on this node), and the "
-            f"node has {host_bytes / GIB:.1f} GiB. Fix: {fixes}, or a smaller model "
-            "(hf-zero plan MODEL --gpus N --cpu-mem GIB).")
+    return (f"{setup} keeps {states / GIB:.1f} GiB of model states in host memory on this node, "
+            f"{host / GIB:.1f} GiB with its {local_ranks} process(es) (hf-zero plan's figure: {held} of "
+            f"{params / 1e9:.2f}B parameters over {ranks} rank(s), {local_ranks} on this node, and "
+            f"{PROCESS_HOST_BYTES / GIB:g} GiB per process), and the node has {host_bytes / GIB:.1f} GiB. "
+            f"Fix: {fixes}, or a smaller model (hf-zero plan MODEL --gpus N --cpu-mem GIB).")
 
 
 def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:

@@ -115,6 +115,8 @@ def run(args) -> int:
 
     if args.profile_steps < 0:
         raise ConfigError(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more, got {args.warmup}")
     for flag in ("nproc", "steps", "seq"):
         value = getattr(args, flag)
         if value is not None and value < 1:

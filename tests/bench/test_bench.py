@@ -603,7 +603,12 @@ def test_replan_recomputes_the_planner_column_with_the_installed_planner(tmp_pat
     (["--setup-timeout", "0"], "--setup-timeout must be a positive number, got 0"),
     (["--setup-timeout", "nan"], "--setup-timeout must be a positive number"),
     (["--max-minutes", "-1"], "--max-minutes must be a positive number, got -1"),
+    (["--nproc", "0"], "--nproc must be a positive integer, got 0"),
+    (["--steps", "-1"], "--steps must be a positive integer, got -1"),
+    (["--seq", "0"], "--seq must be a positive integer, got 0"),
+    (["--warmup", "-1"], "--warmup must be 0 or more, got -1"),
+    (["--profile-steps", "-2"], "--profile-steps must be 0 (off) or more, got -2"),
 ])
-def test_bench_refuses_time_limits_that_are_not_positive(tmp_path, capsys, flags, message):
+def test_bench_refuses_numbers_out_of_range(tmp_path, capsys, flags, message):
     assert main(["bench", "--out", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err

@@ -29,7 +29,11 @@ def test_states_over_the_node_memory_are_refused_and_under_it_pass():
     params = 7_241_732_096
     problem = host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 64 * GIB)
     assert problem and "134.0 GiB of model states" in problem and "64.0 GiB" in problem and "Fix: zero3_nvme" in problem
+    assert "136.0 GiB with its 1 process(es)" in problem
     assert host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 160 * GIB) is None
+    # the states fit, the process beside them does not
+    assert host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 135 * GIB)
+    assert host_memory_problem(load_config("zero2_offload"), params, params, 1, 1, 2, 136 * GIB) is None
     # over 8 ranks on one node the node holds all of it; over 8 nodes of one rank each, an eighth
     assert host_memory_problem(load_config("zero3_offload"), params, params, 8, 8, 2, 120 * GIB)
     assert host_memory_problem(load_config("zero3_offload"), params, params, 8, 1, 2, 120 * GIB) is None
