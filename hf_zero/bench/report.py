@@ -288,9 +288,13 @@ def plot_profile(data: dict, path) -> bool:
     return True
 
 
+def _ok_rows_with(data: dict, key: str) -> list:
+    return [r for r in data["results"] if r.get("status") == "ok" and r.get(key)]
+
+
 def memory_breakdown_table(data: dict) -> str:
     """Per setup with --memory-snapshot: the bytes alive at the recorded step's peak, by allocating code."""
-    rows = [r for r in data["results"] if r.get("status") == "ok" and r.get("memory_breakdown")]
+    rows = _ok_rows_with(data, "memory_breakdown")
     if not rows:
         return ""
     lines = ["| setup | allocated by | GiB at the peak |", "|---|---|---|"]
@@ -306,7 +310,7 @@ def memory_breakdown_table(data: dict) -> str:
 
 def host_peaks_table(data: dict) -> str:
     """Per setup with --host-peaks: the code that raised rank 0's resident memory on its way to the peak."""
-    rows = [r for r in data["results"] if r.get("status") == "ok" and r.get("host_peaks")]
+    rows = _ok_rows_with(data, "host_peaks")
     if not rows:
         return ""
     lines = ["| setup | phase | raised by | GiB |", "|---|---|---|---|"]
