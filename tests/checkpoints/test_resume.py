@@ -86,6 +86,7 @@ def test_resume_without_hf_zero_fails_on_another_world_size(trained, tiny_models
     assert "DP world size of 2" in proc.stdout + proc.stderr
 
 
+@pytest.mark.long  # three launches (about 50 s); make test-long, which CI runs
 def test_rank_killed_mid_save_leaves_a_recognisable_partial_and_the_last_good_checkpoint(trained, tiny_models, tmp_path):
     from hf_zero import checkpoint_problems, last_good_checkpoint
 

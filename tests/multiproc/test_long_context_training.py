@@ -8,7 +8,8 @@ from conftest import assert_reload_bitwise, assert_trained, read_result, run_wor
 pytestmark = pytest.mark.multiproc
 
 
-@pytest.mark.parametrize("preset", ["zero3", pytest.param("zero2", marks=pytest.mark.slow)])
+# two launches each (about 35 s): with the slow group; tests/trainer/test_long_context.py covers the switch in make test
+@pytest.mark.parametrize("preset", [pytest.param("zero3", marks=pytest.mark.slow), pytest.param("zero2", marks=pytest.mark.slow)])
 def test_long_context_trains_as_plain_checkpointing_does(tiny_models, tmp_path, preset):
     common = ["--model", tiny_models["llama"], "--deepspeed", preset, "--length", "256", "--steps", "3"]
     run_worker([*common, "--out", tmp_path / "plain", "--gc"], nproc=2)
