@@ -15,8 +15,8 @@ import time
 from collections import defaultdict
 
 from hf_zero.bench.peak_memory import label
+from hf_zero.planner import GIB
 
-GIB = 1024**3
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

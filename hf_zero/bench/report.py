@@ -7,6 +7,7 @@ committed result without a GPU.
 import json
 from pathlib import Path
 
+from ..config.presets import load_config
 from ..errors import ConfigError
 from ..planner import GIB
 from .model import params_text
@@ -103,8 +104,6 @@ def is_shipped(row: dict) -> bool:
         return False
     if row.get("kind") == "ddp":
         return True
-    from ..config.presets import load_config
-
     try:
         return setup.get("deepspeed") == load_config(row["base"])
     except (ConfigError, KeyError, OSError):  # a base that is no preset (an HF "auto" config, a user's file)
