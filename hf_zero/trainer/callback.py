@@ -18,6 +18,7 @@ from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_set
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
+from ..engine_fixes import offload_overflow_syncs_removed
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
@@ -108,7 +109,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     Before the engine: under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
     dtype, as ZeRO-1/2 train them (``cast_adapters=False`` keeps them fp32).
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
-    parameters are partitioned; otherwise ConfigError before the first step.
+    parameters are partitioned; otherwise ConfigError before the first step. Under ZeRO-1/2 with the optimizer
+    offloaded, DeepSpeed's per-parameter host test for inf/NaN gradients is left out so the gradient copies overlap
+    the backward; the gradient norm catches the same overflows (``overlap_offload_copies=False`` keeps it).
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
@@ -117,10 +120,11 @@ class ZeroCallback(TrainerCallback, ExportableState):
     """
 
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
-                 long_context=None):
+                 long_context=None, overlap_offload_copies: bool = True):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
+        self.overlap_offload_copies = overlap_offload_copies
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.stage = None
@@ -131,7 +135,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     @property
     def options(self) -> dict:
         return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
-                "cast_adapters": self.cast_adapters,
+                "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -332,6 +336,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(problems)
         if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):
             model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
+        note = offload_overflow_syncs_removed(self.trainer.model_wrapped) if self.overlap_offload_copies else None
+        if note and state.is_world_process_zero:
+            logger.info("hf_zero: %s", note)
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
                         ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")

@@ -1,0 +1,83 @@
+"""ZeroCallback leaves out DeepSpeed's per-parameter host test for inf/NaN gradients under ZeRO offload
+(hf_zero/engine_fixes.py): the same bits trained, the same overflow steps skipped, and only where it applies."""
+
+import pytest
+
+from conftest import REPO, read_result, run_worker
+
+pytestmark = pytest.mark.multiproc
+WORKER = REPO / "tests" / "workers" / "offload_overflow.py"
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, tmp_path_factory):
+    """zero2_offload runs (bf16, 2 micro-batches a step), with the fix and as DeepSpeed ships, one with a NaN step."""
+    cache = {}
+
+    def run(*flags):
+        if flags not in cache:
+            out = tmp_path_factory.mktemp("offload-overflow")
+            run_worker(["--model", tiny_models["llama"], "--out", out, "--bf16", *flags], script=WORKER, timeout=600)
+            cache[flags] = out
+        return cache[flags]
+
+    return run
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "weights.safetensors"))
+
+
+def _same_weights(a, b):
+    import torch
+
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_fix_applied_under_offload_and_trains_the_same_bits(runs):
+    fixed, shipped = runs(), runs("--keep-syncs")
+    assert read_result(fixed)["fixed"] and not read_result(shipped)["fixed"]
+    assert read_result(fixed)["losses"] == read_result(shipped)["losses"]
+    assert _same_weights(fixed, shipped)
+
+
+def test_an_overflow_step_is_skipped_as_deepspeed_skips_it(runs):
+    # step 2's gradients are all NaN: the update is skipped, so 2 steps end where 1 step ends
+    fixed, shipped = runs("--steps", "2", "--nan-step", "2"), runs("--steps", "2", "--nan-step", "2", "--keep-syncs")
+    assert read_result(fixed)["fixed"]
+    assert _same_weights(fixed, runs("--steps", "1"))
+    assert _same_weights(shipped, runs("--steps", "1"))
+
+
+def test_quiet_without_offload():
+    from types import SimpleNamespace
+
+    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+
+    def tracker(grad):
+        return None
+
+    optimizer = SimpleNamespace(cpu_offload=False, compute_grad_norm=True, update_offload_overflow_tracker=tracker)
+    assert offload_overflow_syncs_removed(SimpleNamespace(optimizer=optimizer)) is None
+    assert optimizer.update_offload_overflow_tracker is tracker
+
+
+def test_quiet_outside_the_releases_it_was_checked_on():
+    from types import SimpleNamespace
+
+    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+
+    def tracker(grad):
+        return None
+
+    optimizer = SimpleNamespace(cpu_offload=True, compute_grad_norm=True, zenflow=False,
+                                update_offload_overflow_tracker=tracker)
+    engine = SimpleNamespace(optimizer=optimizer)
+    assert offload_overflow_syncs_removed(engine, version="0.20.0") is None
+    assert offload_overflow_syncs_removed(engine, version="0.19.7") is None
+    assert optimizer.update_offload_overflow_tracker is tracker
+    assert offload_overflow_syncs_removed(engine, version="0.19.8") is not None
+    assert optimizer.update_offload_overflow_tracker is not tracker
