@@ -25,6 +25,7 @@ from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_
 from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .engine_fixes import offload_overflow_syncs_removed
 from .errors import CheckpointError, ConfigError
+from .offload_threads import threads_for_offload
 
 logger = logging.getLogger("hf_zero")
 
@@ -119,6 +120,9 @@ def prepare(accelerator, model, *objects):
         # Accelerate sized the batch for its own world; DeepSpeed would assert on it inside prepare
         raise ConfigError(training_alone(accelerator.num_processes, world_size(), "the Accelerator"))
     _fix_once(accelerator)  # done by hf_zero.accelerator(); a plain Accelerator gets it here
+    note = threads_for_offload(config)
+    if note:
+        logger.warning("hf_zero: %s", note)
     from accelerate.utils import DummyOptim
 
     objects = list(objects)

@@ -198,6 +198,10 @@ def _callback_problem(option: str, value) -> str | None:
     options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
     if option not in options:
         return f"callback.{option}: ZeroCallback has no option {option!r} (the bench sets log_memory); options: {', '.join(options)}"
+    if option == "offload_threads":  # "auto", or a thread count (0: leave the launcher's)
+        if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            return f"callback.offload_threads must be auto or a thread count (0 leaves it), got {value!r}"
+        return None
     if not isinstance(value, bool):
         return f"callback.{option} must be true or false, got {value!r}"
     return None

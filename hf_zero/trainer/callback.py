@@ -21,6 +21,7 @@ from ..engine_checks import engine_problems, layout_problems, parallel_sizes, tr
 from ..engine_fixes import offload_overflow_syncs_removed
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
+from ..offload_threads import AUTO, threads_for_offload
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
                                  sequence_parallel_problems)
 from ..zero3.partitions import full_numel, is_zero3_param
@@ -106,7 +107,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     built whole (not by zero.Init) is reported with its host-memory cost; with ``torch_compile``,
     stage 3 compiles each repeated block's forward and keeps DeepSpeed's hooks out of the graph
     (hf_zero/trainer/compile.py).
-    Before the engine: under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
+    Before the engine: with the optimizer offloaded, torch's CPU thread count (DeepSpeed's CPU Adam runs on it) is
+    raised to this process's share of the node's cores where a launcher left it lower (``offload_threads``: "auto",
+    a number, or None to leave it). Under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
     dtype, as ZeRO-1/2 train them (``cast_adapters=False`` keeps them fp32).
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step. Under ZeRO-1/2 with the optimizer
@@ -120,11 +123,12 @@ class ZeroCallback(TrainerCallback, ExportableState):
     """
 
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
-                 long_context=None, overlap_offload_copies: bool = True):
+                 long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
         self.overlap_offload_copies = overlap_offload_copies
+        self.offload_threads = offload_threads
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.stage = None
@@ -136,6 +140,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def options(self) -> dict:
         return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
                 "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
+                "offload_threads": self.offload_threads,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -255,6 +260,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
             problem = host_memory_problem_of(config, model, args, half=2 if _half_dtype(config, args) else 4)
             if problem:
                 raise ConfigError(problem)
+            note = threads_for_offload(config, self.offload_threads)
+            if note:
+                self._warn(note)
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)

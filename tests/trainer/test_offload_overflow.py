@@ -81,3 +81,55 @@ def test_quiet_outside_the_releases_it_was_checked_on():
     assert optimizer.update_offload_overflow_tracker is tracker
     assert offload_overflow_syncs_removed(engine, version="0.19.8") is not None
     assert optimizer.update_offload_overflow_tracker is not tracker
+
+
+def test_offload_threads_raised_to_the_process_share_of_the_cores(runs):
+    # the test workers run with OMP_NUM_THREADS=1, as accelerate launch leaves a GPU machine's processes
+    import os
+
+    result = read_result(runs())
+    cores = len(os.sched_getaffinity(0))
+    assert result["threads"] == cores
+    if cores > 1:
+        assert any("DeepSpeed's CPU Adam would run on 1 core(s)" in w for w in result["warnings"])
+
+
+OFFLOAD = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+
+
+@pytest.mark.parametrize("config, wanted, have", [
+    ({"zero_optimization": {"stage": 2}}, "auto", 1),  # no optimizer on the host
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}, "auto", 1),  # parameters only
+    ({"zero_optimization": {**OFFLOAD["zero_optimization"], "zenflow": {"topk_ratio": 0.05}}}, "auto", 1),  # ZenFlow
+    (OFFLOAD, "auto", 4),  # already its share
+    (OFFLOAD, None, 1),  # the user's choice: leave it
+    (OFFLOAD, 0, 1),
+])
+def test_quiet_offload_threads(config, wanted, have):
+    import torch
+
+    from hf_zero.offload_threads import threads_for_offload
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(have)
+        assert threads_for_offload(config, wanted, cores=8, local=2) is None
+        assert torch.get_num_threads() == have
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_offload_threads_fire_with_one_thread_of_eight_cores():
+    import torch
+
+    from hf_zero.offload_threads import threads_for_offload
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        note = threads_for_offload(OFFLOAD, cores=8, local=2)
+        assert "raised to 4" in note and torch.get_num_threads() == 4
+        torch.set_num_threads(1)
+        assert "raised to 3" in threads_for_offload(OFFLOAD, 3, cores=8, local=2)
+    finally:
+        torch.set_num_threads(before)

@@ -54,7 +54,7 @@ def main():
 
     trainer = NanTrainer(model=model, args=args, train_dataset=RandomTokens("causal", model.config.vocab_size),
                          callbacks=[nan_at])
-    hf_zero.attach(trainer, log_memory=False, overlap_offload_copies=not opts.keep_syncs)
+    callback = hf_zero.attach(trainer, log_memory=False, overlap_offload_copies=not opts.keep_syncs)
     trainer.train()
     optimizer = trainer.model_wrapped.optimizer
     fixed = "update_offload_overflow_tracker" in vars(optimizer)  # the instance attribute the fix sets
@@ -63,7 +63,8 @@ def main():
     save_file(weights, str(Path(opts.out) / "weights.safetensors"))
     result = {"fixed": fixed, "losses": [e["loss"] for e in logs],
               "grad_norms": [None if e.get("grad_norm") is None or math.isnan(e["grad_norm"]) else e["grad_norm"]
-                             for e in logs], "steps": trainer.state.global_step}
+                             for e in logs], "steps": trainer.state.global_step,
+              "threads": torch.get_num_threads(), "warnings": callback.warnings}
     (Path(opts.out) / "result.json").write_text(json.dumps(result))
     hf_zero.shutdown()
 
