@@ -16,7 +16,7 @@ memory snapshot of the peak showed them (``hf-zero bench --memory-snapshot`` and
     DDP            12 (fp32 weights, Adam; the gradients come in the backward, 16 at the step)
                    + 4 (DDP's gradient buckets, when N > 1) + autocast's 16-bit weight copies
     zero1, zero2   2 (16-bit weights) + 12/N (fp32 master, Adam m, v)
-    zero2_offload  2 + the reduce buckets                               16/N per rank
+    zero2_offload  2 + the reduce buckets + 4/N (fp32 gradient partition)  16/N per rank
     zero3          16/N (2 + 2 + 12: 16-bit weight and gradient partitions, fp32 states)
                    + the reduce bucket, allocated at init
                    + gathered parameters, when N > 1: up to stage3_max_live_parameters of them
@@ -187,6 +187,9 @@ class RunShape:
     sequence_parallel: int = 1  # DeepSpeed's Ulysses sp_size: each GPU holds seq / sp tokens of activations
     long_context: tuple = ()  # parts of hf_zero's long-context switch (LONG_CONTEXT_PARTS)
     accumulation: int = 1  # gradient accumulation steps: micro-batches per optimizer step
+    # zero2_offload accumulates gradients in an fp32 partition on the GPU (the preset's data_types.grad_accum_dtype);
+    # False: DeepSpeed's default, 16-bit buffers per parameter on the host
+    fp32_accumulation: bool = True
 
     def __post_init__(self):
         unknown = sorted(set(self.long_context) - set(LONG_CONTEXT_PARTS))
@@ -415,15 +418,17 @@ def torch_pinned(nbytes: int, exact: bool | None = None) -> int:
     return 1 << (nbytes - 1).bit_length()
 
 
-def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 1, param_sizes=()) -> int:
+def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 1, param_sizes=(),
+                       fp32_accumulation: bool = True) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-2 CPU offload (pin_memory on, as the preset sets it):
     pinned, each block rounded by torch's cache: the fp32 master partition, a 16-bit copy of it for the upload, the
-    fp32 gradient partition and, when accumulating, one 16-bit buffer per parameter (stage_1_and_2.py); pageable:
-    CPU Adam's two fp32 moments. One H200, 1.35B, accumulation 16: 23.38 GiB pinned and 35.42 GiB RSS measured
+    fp32 gradient partition and, when accumulating without data_types.grad_accum_dtype fp32, one 16-bit buffer per
+    parameter (stage_1_and_2.py); pageable: CPU Adam's two fp32 moments. One H200, 1.35B, accumulation 16:
+    23.38 GiB pinned and 35.42 GiB RSS measured with 16-bit accumulation, 20.13 and 32.09 with fp32 accumulation
     (the process itself is PROCESS_HOST_BYTES, which estimate adds)."""
     partition = trained // ranks
     pinned = torch_pinned(4 * partition) + torch_pinned(half * partition) + torch_pinned(4 * partition)
-    if accumulation > 1:
+    if accumulation > 1 and not fp32_accumulation:
         buffers = sum(torch_pinned(half * n) for n in param_sizes) if param_sizes else half * trained
         pinned += buffers // ranks
     return pinned + 8 * partition
@@ -479,7 +484,7 @@ def zero3_nvme_host(trained: int, ranks: int, half: int) -> int:
 
 
 def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_node: int, half: int,
-                     accumulation: int = 1, param_sizes=()) -> tuple:
+                     accumulation: int = 1, param_sizes=(), fp32_accumulation: bool = True) -> tuple:
     """(host, NVMe) bytes per node of an offload preset's model states: ZeRO-2 keeps the fp32 gradient partition,
     master weights and Adam states on the host (zero2_offload_host); ZeRO-3 adds the 16-bit parameters, and
     zero3_nvme keeps all of it on NVMe (zero3_nvme_host's swap buffers stay on the host): the 16-bit parameter
@@ -487,7 +492,7 @@ def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_no
     there even for the ones later kept in host memory), and the fp32 master weights, Adam's two moments and
     the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group)."""
     if setup == "zero2_offload":
-        return zero2_offload_host(trained, ranks, half, accumulation, param_sizes) * gpus_per_node, 0
+        return zero2_offload_host(trained, ranks, half, accumulation, param_sizes, fp32_accumulation) * gpus_per_node, 0
     if setup == "zero3_offload":
         return zero3_offload_host(psi, trained, ranks, half) * gpus_per_node, 0
     if setup == "zero3_nvme":
@@ -582,7 +587,14 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
                                             "buffers": REDUCE_BUCKETS[setup] * bucket}}
         if setup == "zero2_offload":
             sizes = model.param_sizes() if trained == psi else ()
-            host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes)
+            host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes,
+                                       run.fp32_accumulation)
+            if run.fp32_accumulation:
+                # the fp32 gradient partition on the GPU, built at a step's first reduce and freed by its optimizer
+                # step: accumulating, it is alive through the later micro-batches' backward too
+                phases["first gradient reduce"]["gradients"] = 4 * trained // n
+                if run.accumulation > 1:
+                    phases["backward"]["gradients"] = 4 * trained // n
         else:
             phases["optimizer step"] = {**weights, "gradients": fp32_grad * trained // n}
     else:  # ZeRO-3: parameters sharded, gathered for use

@@ -1,7 +1,7 @@
 """Build results.json from the raw `hf-zero bench` files in sweeps/ (each keeps the command that made it).
 
 Rows keep their own date; the merged file's `runs` lists every sweep's command. Some rows are renamed so that each
-name is unique and says its preset; two rows of call3 are left out (see benchmarks/README.md). Afterwards
+name is unique and says its preset; two rows each of call3 and call12 are left out (see benchmarks/README.md). Afterwards
 `hf-zero bench --report results.json --replan` recomputes the planner column and writes results.md and bench.png.
 
     python benchmarks/1xH200/offload/merge.py && hf-zero bench --report benchmarks/1xH200/offload/results.json --replan
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).parent
-CALLS = 11
+CALLS = 14
 
 RENAMES = {
     4: {"ddp@64k": "ddp_mbs4_again@64k", "z2o_mbs32@64k": "zero2_offload_mbs32@64k",
@@ -23,9 +23,20 @@ RENAMES = {
     8: {"z3_superoffload_noclip@64k": "zero3_offload_superoffload_mbs32@64k",
         "z2o_zenflow@64k": "zero2_offload_zenflow_mbs32@64k"},
     10: {"zero3_optimizer_offload_mbs32@64k": "zero3_offload_params_on_gpu_mbs32@64k"},
+    # from call12 on, zero2_offload accumulates gradients in fp32 (data_types.grad_accum_dtype): rows of the earlier
+    # config say "16bitacc" (DeepSpeed's default: 16-bit accumulation buffers on the host)
+    12: {"zero2_offload_mbs32@64k": "zero2_offload_16bitacc_mbs32@64k",
+         "zero2_offload_mbs32_syncs@64k": "zero2_offload_16bitacc_syncs_mbs32@64k"},
+    13: {"zero2_offload@4k": "zero2_offload_16bitacc@4k", "zero2_offload_syncs@4k": "zero2_offload_16bitacc_syncs@4k",
+         "zero2_offload_omp1@4k": "zero2_offload_16bitacc_omp1@4k"},
+    14: {"zero2_offload_omp1_raised@4k": "zero2_offload_16bitacc_omp1_raised@4k",
+         "zero2_offload_mbs32@64k": "zero2_offload_16bitacc_mbs32_again@64k",
+         "zero2_offload_fp32acc_mbs32@64k": "zero2_offload_mbs32_fp32acc_again@64k",
+         "zero2_offload_fp32acc_mbs32@256k": "zero2_offload_mbs32_fp32acc@256k"},
 }
 # one timed step after one warm-up: too short for the 4k offload rows (call1 has them over 3 timed steps)
-LEFT_OUT = {3: {"zero2_offload@4k", "zero3_offload@4k"}}
+# call12's 4k rows: two timed steps; call13 measured the same setups over six
+LEFT_OUT = {3: {"zero2_offload@4k", "zero3_offload@4k"}, 12: {"zero2_offload@4k", "zero2_offload_fp32acc@4k"}}
 # call1's pinned-memory figures read a key torch's host_memory_stats() lacks: 0 there, not measured
 PINNED_UNMEASURED = {1}
 
