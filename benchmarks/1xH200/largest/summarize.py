@@ -17,6 +17,12 @@ NOT_RUN = {
     "zero3": "not run: as zero1",
 }
 
+# setups whose run used a config other than the preset the plan counts
+RUN_CONFIG_DIFFERS = {
+    "zero2_offload": "the run's config had no data_types block, so 16-bit gradient accumulation; the plan's GPU "
+                     "figure counts the preset's fp32 gradient partition, 15.6 GiB of it",
+}
+
 
 def load_runs(folder: Path = HERE / "runs") -> dict:
     runs = {}
@@ -49,6 +55,8 @@ def table(plan: dict, runs: dict) -> list:
             if run.get("save"):
                 save, reload = f"{run['save']['seconds']:.1f}", "equal" if run["save"]["reload_equal"] else "DIFFERS"
         status = run["status"] if run else NOT_RUN.get(setup, "not run")
+        if run and setup in RUN_CONFIG_DIFFERS:
+            status += f" ({RUN_CONFIG_DIFFERS[setup]})"
         lines.append(f"| {setup} | {largest['layers']} | {largest['params'] / 1e9:.2f}B | {', '.join(largest['limit'])} "
                      f"| {largest['gpu_total'] / GIB:.1f} | {measured} | {largest['host_per_node'] / GIB:.1f} | {host} "
                      f"| {error} | {planned_nvme} | {nvme} | {speed} | {save} | {reload} | {status} |")
