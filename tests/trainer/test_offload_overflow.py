@@ -5,7 +5,6 @@ import pytest
 
 from conftest import REPO, read_result, run_worker
 
-pytestmark = pytest.mark.multiproc
 WORKER = REPO / "tests" / "workers" / "offload_overflow.py"
 
 
@@ -37,6 +36,8 @@ def _same_weights(a, b):
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow  # real zero2_offload runs: the CPU Adam build and five short trainings, about 2.5 min
+@pytest.mark.multiproc
 def test_fix_applied_under_offload_and_trains_the_same_bits(runs):
     fixed, shipped = runs(), runs("--keep-syncs")
     assert read_result(fixed)["fixed"] and not read_result(shipped)["fixed"]
@@ -44,6 +45,8 @@ def test_fix_applied_under_offload_and_trains_the_same_bits(runs):
     assert _same_weights(fixed, shipped)
 
 
+@pytest.mark.slow  # real zero2_offload runs: the CPU Adam build and five short trainings, about 2.5 min
+@pytest.mark.multiproc
 def test_an_overflow_step_is_skipped_as_deepspeed_skips_it(runs):
     # step 2's gradients are all NaN: the update is skipped, so 2 steps end where 1 step ends
     fixed, shipped = runs("--steps", "2", "--nan-step", "2"), runs("--steps", "2", "--nan-step", "2", "--keep-syncs")
@@ -83,6 +86,8 @@ def test_quiet_outside_the_releases_it_was_checked_on():
     assert optimizer.update_offload_overflow_tracker is not tracker
 
 
+@pytest.mark.slow  # real zero2_offload runs: the CPU Adam build and five short trainings, about 2.5 min
+@pytest.mark.multiproc
 def test_offload_threads_raised_to_the_process_share_of_the_cores(runs):
     # the test workers run with OMP_NUM_THREADS=1, as accelerate launch leaves a GPU machine's processes
     import os
