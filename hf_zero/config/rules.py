@@ -156,6 +156,45 @@ def _offload(context):
     return found
 
 
+FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeEnum spellings of fp32
+
+
+def _sixteen_bit(context) -> bool | None:
+    """The run trains in bf16/fp16: True, False, or None when "auto" leaves it to Trainer arguments not given."""
+    for key in ("bf16", "fp16"):
+        enabled = get_dotted(context.config, f"{key}.enabled", False)
+        if enabled == "auto":
+            if key not in context.trainer_args:
+                return None
+            enabled = context.trainer_args[key]
+        if enabled is True:
+            return True
+    return False
+
+
+def _offload_accumulation(context):
+    """ZeRO-2 offload accumulating 16-bit gradients on the host (DeepSpeed's default)."""
+    zero = context.zero
+    device = get_dotted(context.config, "zero_optimization.offload_optimizer.device")
+    if zero.get("stage") != 2 or device not in ("cpu", "nvme") or zero.get("zenflow"):
+        return []
+    if str(get_dotted(context.config, "data_types.grad_accum_dtype", "")).lower() in FP32_NAMES:
+        return []
+    accumulation = context.config.get("gradient_accumulation_steps")
+    if accumulation == "auto":
+        accumulation = context.trainer_args.get("gradient_accumulation_steps")
+    if not isinstance(accumulation, int) or accumulation <= 1 or not _sixteen_bit(context):
+        return []
+    return [Finding("offload-16bit-accumulation", "warning",
+                    f"ZeRO-2 offloads the optimizer and accumulates {accumulation} micro-batches in 16 bits: DeepSpeed "
+                    "copies each micro-batch's 16-bit gradients to the host, brings the running sum back to the GPU "
+                    "for the next one and keeps it in 16 bits (measured on one H200, 1.35B model at 65,536 tokens "
+                    "per optimizer step: 28.9k tokens/s, against 32.2k with fp32 accumulation).",
+                    'set "data_types": {"grad_accum_dtype": "fp32"}, as the zero2_offload preset does: the sum '
+                    "stays on the GPU in fp32 (4 bytes per parameter / data-parallel ranks of GPU memory) and goes "
+                    "to the host once per optimizer step.", key="data_types.grad_accum_dtype")]
+
+
 def _saves(context):
     if context.zero.get("stage") == 3 and not context.zero.get("stage3_gather_16bit_weights_on_model_save", False):
         return [Finding("zero3-no-gather", "warning",
@@ -273,7 +312,7 @@ def _zenflow_zero3(deepspeed: Version | None) -> Finding:
 
 
 RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile,
-         _sequence_parallel_size_key, _zenflow)
+         _sequence_parallel_size_key, _zenflow, _offload_accumulation)
 
 
 def config_findings(context: CheckContext) -> list:
