@@ -16,8 +16,9 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
 
     DeepSpeed 0.19.8's offload path (stage_1_and_2.py, ``update_offload_overflow_tracker``) reads
     ``bool(has_inf_or_nan(grad))`` for every parameter as its gradient leaves the GPU: one host-device
-    synchronization per parameter, queued behind the previous parameter's copy to the host. The training thread
-    stops launching kernels at each one, so the copies never overlap the backward. The flag it sets is redundant:
+    synchronization per parameter, queued behind the copies to the host already on that stream, and the training
+    thread launches nothing while it waits (one H200, 1.35B, 4,096 tokens per step: 4,928 tokens/s with the test,
+    5,429 without; at 65,536 tokens the two were within noise). The flag it sets is redundant:
     with offload DeepSpeed always computes the global gradient norm (``compute_grad_norm``), an inf or NaN in any
     gradient makes that norm invalid, and step() then treats the step as an overflow (skips it, lowers the fp16
     loss scale) exactly as the flag would have. Only the flag's test goes; every step takes the same branch."""
@@ -32,8 +33,8 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
         return None
     optimizer.update_offload_overflow_tracker = _no_host_test
     return ("ZeRO offload: DeepSpeed's per-parameter inf/NaN test of each gradient (a host synchronization per "
-            "parameter, which keeps the gradient copies from overlapping the backward) is left out; the global "
-            "gradient norm catches the same overflows.")
+            "parameter, each waiting for the gradient copies before it) is left out; the global gradient norm "
+            "catches the same overflows.")
 
 
 def _no_host_test(grad) -> None:

@@ -109,12 +109,12 @@ class ZeroCallback(TrainerCallback, ExportableState):
     (hf_zero/trainer/compile.py).
     Before the engine: with the optimizer offloaded, torch's CPU thread count (DeepSpeed's CPU Adam runs on it) is
     raised to this process's share of the node's cores where a launcher left it lower (``offload_threads``: "auto",
-    a number, or None to leave it). Under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
+    a number to raise it to, or None to leave it). Under ZeRO-3 a frozen base's fp32 adapters (peft's LoRA) are cast to its 16-bit
     dtype, as ZeRO-1/2 train them (``cast_adapters=False`` keeps them fp32).
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step. Under ZeRO-1/2 with the optimizer
-    offloaded, DeepSpeed's per-parameter host test for inf/NaN gradients is left out so the gradient copies overlap
-    the backward; the gradient norm catches the same overflows (``overlap_offload_copies=False`` keeps it).
+    offloaded, DeepSpeed's per-parameter host test for inf/NaN gradients (a synchronization per parameter) is left
+    out; the gradient norm catches the same overflows (``overlap_offload_copies=False`` keeps it).
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
