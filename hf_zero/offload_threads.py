@@ -8,7 +8,7 @@ training thread, with the OpenMP runtime torch loaded, so it then runs on one co
 
 import os
 
-from .config.dotted import get_dotted
+from .config.dotted import optimizer_on_host
 
 AUTO = "auto"
 
@@ -23,13 +23,6 @@ def usable_cores() -> int:
 def local_processes() -> int:
     """Processes of this run on this node (the launchers' LOCAL_WORLD_SIZE; 1 without a launcher)."""
     return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def optimizer_on_host(config: dict) -> bool:
-    """The optimizer step runs on the host: offload_optimizer to cpu or nvme (DeepSpeed's CPU Adam), no ZenFlow
-    (ZenFlow runs its own worker processes and sizes them with pt_reserved_cores_perc)."""
-    device = get_dotted(config, "zero_optimization.offload_optimizer.device")
-    return device in ("cpu", "nvme") and not get_dotted(config, "zero_optimization.zenflow")
 
 
 def threads_for_offload(config: dict, wanted=AUTO, *, cores: int | None = None, local: int | None = None) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
-from ..config.dotted import get_dotted
+from ..config.dotted import accumulates_in_fp32
 from ..distributed import free_port, gpu_count
 from ..errors import ConfigError
 from ..planner import GIB, ModelShape, RunShape, estimate
@@ -260,7 +260,7 @@ def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
                    gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
                    bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")),
                    accumulation=int(setup.args.get("gradient_accumulation_steps", 1)),
-                   fp32_accumulation=get_dotted(setup.deepspeed or {}, "data_types.grad_accum_dtype") == "fp32",
+                   fp32_accumulation=accumulates_in_fp32(setup.deepspeed or {}),
                    long_context=tuple(part for part, on in setup.long_context.items() if on))
     if setup.lora:
         run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8

@@ -39,3 +39,18 @@ def offload_devices(config: dict) -> set:
     """Where zero_optimization's offload_optimizer / offload_param blocks put states ("cpu", "nvme")."""
     blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_optimizer", "offload_param"))
     return {block.get("device") for block in blocks if isinstance(block, dict)} & {"cpu", "nvme"}
+
+
+def optimizer_on_host(config: dict) -> bool:
+    """The optimizer step runs on the host: offload_optimizer to cpu or nvme (DeepSpeed's CPU Adam), no ZenFlow
+    (ZenFlow runs its own worker processes and its own gradient path)."""
+    device = get_dotted(config, "zero_optimization.offload_optimizer.device")
+    return device in ("cpu", "nvme") and not get_dotted(config, "zero_optimization.zenflow")
+
+
+FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeEnum spellings of fp32
+
+
+def accumulates_in_fp32(config: dict) -> bool:
+    """The config sets data_types.grad_accum_dtype to fp32 (in any spelling DeepSpeed accepts)."""
+    return str(get_dotted(config, "data_types.grad_accum_dtype", "")).lower() in FP32_NAMES

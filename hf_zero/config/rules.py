@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from packaging.version import Version
 
 from ..versions import deepspeed_version
-from .dotted import get_dotted, tensor_parallel_size
+from .dotted import accumulates_in_fp32, get_dotted, optimizer_on_host, tensor_parallel_size
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
 from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
 
@@ -156,9 +156,6 @@ def _offload(context):
     return found
 
 
-FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeEnum spellings of fp32
-
-
 def _sixteen_bit(context) -> bool | None:
     """The run trains in bf16/fp16: True, False, or None when "auto" leaves it to Trainer arguments not given."""
     for key in ("bf16", "fp16"):
@@ -174,11 +171,7 @@ def _sixteen_bit(context) -> bool | None:
 
 def _offload_accumulation(context):
     """ZeRO-2 offload accumulating 16-bit gradients on the host (DeepSpeed's default)."""
-    zero = context.zero
-    device = get_dotted(context.config, "zero_optimization.offload_optimizer.device")
-    if zero.get("stage") != 2 or device not in ("cpu", "nvme") or zero.get("zenflow"):
-        return []
-    if str(get_dotted(context.config, "data_types.grad_accum_dtype", "")).lower() in FP32_NAMES:
+    if context.zero.get("stage") != 2 or not optimizer_on_host(context.config) or accumulates_in_fp32(context.config):
         return []
     accumulation = context.config.get("gradient_accumulation_steps")
     if accumulation == "auto":
