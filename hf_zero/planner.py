@@ -190,6 +190,12 @@ class RunShape:
     # zero2_offload accumulates gradients in an fp32 partition on the GPU (the preset's data_types.grad_accum_dtype);
     # False: DeepSpeed's default, 16-bit buffers per parameter on the host
     fp32_accumulation: bool = True
+    # zero3_offload's placement (offload_optimizer.ratio, offload_param, sub_group_size): the share of the
+    # optimizer's sub-groups stepped by CPU Adam on the host (the rest keep fp32 master weights, Adam's moments
+    # and fp32 gradients on the GPU), and whether the 16-bit parameters live on the host
+    optimizer_host_share: float = 1.0
+    params_on_host: bool = True
+    sub_group: int = SUB_GROUP
 
     def __post_init__(self):
         unknown = sorted(set(self.long_context) - set(LONG_CONTEXT_PARTS))
@@ -434,16 +440,33 @@ def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 
     return pinned + 8 * partition
 
 
-def zero3_offload_host(psi: int, trained: int, ranks: int, half: int) -> int:
+def sub_groups(partition: int, size: int = SUB_GROUP) -> list:
+    """Elements of each of ZeRO-3's optimizer sub-groups in one rank's partition (zero_optimization.sub_group_size)."""
+    return [size] * (partition // size) + ([partition % size] if partition % size else [])
+
+
+def sub_groups_on_gpu(groups: list, host_share: float) -> int:
+    """How many sub-groups stay on the GPU under offload_optimizer.ratio: the first int((1 - ratio) * count),
+    as stage3.py's subgroup_to_device assigns them."""
+    return int((1 - host_share) * len(groups))
+
+
+def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, host_share: float = 1.0,
+                       params_on_host: bool = True, sub_group: int = SUB_GROUP) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
     pinned, rounded by torch's cache: the flat gradient-partition buffer (fp32), the flat 16-bit parameter
     partitions and one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master
     partitions and CPU Adam's two moments. One H200, 1.35B: 17.25 GiB pinned and 34.34 GiB RSS measured (the
-    process itself is PROCESS_HOST_BYTES, which estimate adds)."""
+    process itself is PROCESS_HOST_BYTES, which estimate adds). With offload_optimizer.ratio below 1 only the
+    sub-groups stepped on the host keep their states and gradient buffers there; without offload_param the
+    16-bit partitions are on the GPU."""
     partition, weights = trained // ranks, psi // ranks
-    groups = [SUB_GROUP] * (partition // SUB_GROUP) + ([partition % SUB_GROUP] if partition % SUB_GROUP else [])
-    pinned = torch_pinned(4 * partition) + torch_pinned(half * weights) + sum(torch_pinned(4 * g) for g in groups)
-    return pinned + 12 * partition
+    groups = sub_groups(partition, sub_group)
+    on_host = groups[sub_groups_on_gpu(groups, host_share):]
+    pinned = torch_pinned(4 * partition) + sum(torch_pinned(4 * g) for g in on_host)
+    if params_on_host:
+        pinned += torch_pinned(half * weights)
+    return pinned + 12 * sum(on_host)
 
 
 # One training process's own resident memory on a GPU node, whatever it trains: Python with torch, transformers
@@ -484,17 +507,19 @@ def zero3_nvme_host(trained: int, ranks: int, half: int) -> int:
 
 
 def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_node: int, half: int,
-                     accumulation: int = 1, param_sizes=(), fp32_accumulation: bool = True) -> tuple:
+                     accumulation: int = 1, param_sizes=(), fp32_accumulation: bool = True,
+                     placement: dict | None = None) -> tuple:
     """(host, NVMe) bytes per node of an offload preset's model states: ZeRO-2 keeps the fp32 gradient partition,
     master weights and Adam states on the host (zero2_offload_host); ZeRO-3 adds the 16-bit parameters, and
     zero3_nvme keeps all of it on NVMe (zero3_nvme_host's swap buffers stay on the host): the 16-bit parameter
     partitions (AsyncPartitionedParameterSwapper writes each one's swap file at partition time, and it stays
     there even for the ones later kept in host memory), and the fp32 master weights, Adam's two moments and
-    the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group)."""
+    the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group). ``placement`` is zero3_offload's
+    optimizer_host_share / params_on_host / sub_group (RunShape's fields) when they differ from the preset's."""
     if setup == "zero2_offload":
         return zero2_offload_host(trained, ranks, half, accumulation, param_sizes, fp32_accumulation) * gpus_per_node, 0
     if setup == "zero3_offload":
-        return zero3_offload_host(psi, trained, ranks, half) * gpus_per_node, 0
+        return zero3_offload_host(psi, trained, ranks, half, **(placement or {})) * gpus_per_node, 0
     if setup == "zero3_nvme":
         states = (half * psi + 16 * trained) // ranks * gpus_per_node
         return zero3_nvme_host(trained, ranks, half) * gpus_per_node, states
@@ -543,8 +568,12 @@ def host_memory_problem(config: dict, params: int, trained: int, ranks: int, loc
     or None. The figure is DeepSpeed's host buffers without gradient accumulation's extra ones, plus each process's
     own memory (PROCESS_HOST_BYTES); it is under every peak measured on one H200 (73.2 GiB against 73.4 for the
     largest zero2_offload model), so only a run that cannot fit is refused."""
+    from .config.dotted import optimizer_host_share, params_on_host, sub_group_size
+
     setup = setup_of_config(config)
-    states, _ = offloaded_states(setup, params, trained, ranks, local_ranks, half) if setup else (0, 0)
+    placement = dict(host_share=optimizer_host_share(config), params_on_host=params_on_host(config),
+                     sub_group=sub_group_size(config, SUB_GROUP))
+    states = offloaded_states(setup, params, trained, ranks, local_ranks, half, placement=placement)[0] if setup else 0
     if not states:
         return None
     host = states + PROCESS_HOST_BYTES * local_ranks
@@ -602,14 +631,26 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         # what stays gathered from the forward into the backward: fetched parameters are not released
         # while stage3_max_live_parameters allows (measured 1.91 GiB at 1e9 for 1.35B at N = 2, 4 and 8;
         # none on one GPU, where nothing is gathered unless the parameters live on the host)
-        gathered = half * (min(MAX_LIVE, psi) + model.largest_layer) if n > 1 or offload else 0
+        fetched = n > 1 or (offload and run.params_on_host)
+        gathered = half * (min(MAX_LIVE, psi) + model.largest_layer) if fetched else 0
         if not offload:
             states = {"parameters": half * psi // n, "gradients": half * trained // n, "optimizer": 12 * trained // n}
             phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
                       "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, trained // n), "buffers": bucket}}
         else:
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
-            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half)
+            placement = None
+            if setup == "zero3_offload":
+                placement = dict(host_share=run.optimizer_host_share, params_on_host=run.params_on_host,
+                                 sub_group=run.sub_group)
+                if not run.params_on_host:
+                    phases["backward"]["parameters"] = half * psi // n
+                groups = sub_groups(trained // n, run.sub_group)
+                # the GPU's sub-groups: fp32 master weights, Adam's two moments and an fp32 gradient buffer each
+                on_gpu = sum(groups[:sub_groups_on_gpu(groups, run.optimizer_host_share)])
+                if on_gpu:
+                    phases["backward"]["optimizer"] = 16 * on_gpu
+            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, placement=placement)
     if setup != "ddp":
         host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
     else:

@@ -54,3 +54,26 @@ FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeE
 def accumulates_in_fp32(config: dict) -> bool:
     """The config sets data_types.grad_accum_dtype to fp32 (in any spelling DeepSpeed accepts)."""
     return str(get_dotted(config, "data_types.grad_accum_dtype", "")).lower() in FP32_NAMES
+
+
+def _number(value, default):
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # absent, or "auto" and other strings DeepSpeed would reject itself
+        return default
+
+
+def optimizer_host_share(config: dict) -> float:
+    """offload_optimizer.ratio: the share of ZeRO-3's optimizer sub-groups that step on the host (1.0, DeepSpeed's
+    default, is all of them; the others keep their fp32 states on the GPU)."""
+    return min(max(_number(get_dotted(config, "zero_optimization.offload_optimizer.ratio"), 1.0), 0.0), 1.0)
+
+
+def params_on_host(config: dict) -> bool:
+    """ZeRO-3 keeps the 16-bit parameter partitions off the GPU (offload_param to cpu or nvme)."""
+    return get_dotted(config, "zero_optimization.offload_param.device") in ("cpu", "nvme")
+
+
+def sub_group_size(config: dict, default: int) -> int:
+    """zero_optimization.sub_group_size in elements (``default`` when the config leaves it out)."""
+    return int(_number(get_dotted(config, "zero_optimization.sub_group_size"), default))

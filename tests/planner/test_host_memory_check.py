@@ -40,6 +40,18 @@ def test_states_over_the_node_memory_are_refused_and_under_it_pass():
     assert host_memory_problem(load_config("zero2"), params, params, 1, 1, 2, 1) is None  # nothing on the host
 
 
+def test_partial_offload_is_held_to_its_host_share():
+    """offload_optimizer.ratio 0.3: DeepSpeed steps 30% of the sub-groups on the host, so a node that cannot hold the
+    preset's states can hold these: the check follows the config, not the preset it started from."""
+    params = 7_241_732_096
+    partial = load_config("zero3_offload")
+    partial["zero_optimization"]["offload_optimizer"]["ratio"] = 0.3
+    # 7.24B in 8 sub-groups of 1e9: 5 step on the GPU; the host keeps 82 GiB of states, not the preset's 158
+    assert host_memory_problem(load_config("zero3_offload"), params, params, 1, 1, 2, 128 * GIB)
+    assert host_memory_problem(partial, params, params, 1, 1, 2, 128 * GIB) is None
+    assert host_memory_problem(partial, params, params, 1, 1, 2, 16 * GIB)
+
+
 def test_check_cli_refuses_an_offload_preset_the_host_cannot_hold(tmp_path, capsys):
     model = tmp_path / "config.json"
     model.write_text(json.dumps(EIGHT_B))

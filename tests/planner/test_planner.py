@@ -125,6 +125,42 @@ def test_fp32_accumulation_keeps_its_partition_on_the_gpu_and_none_on_the_host()
     assert half.host_per_node > fp32.host_per_node  # the 16-bit accumulation buffers on the host
 
 
+# zero3_offload with offload_optimizer.ratio and sub_group_size 1e8, one H200 (1xH200/offload/sweeps/call15-17.json):
+# ratio, 16-bit parameters on the host (offload_param), micro batch, GPU GiB, host RSS GiB. The GPU's sub-groups hold
+# 16 bytes per element; without offload_param the host figure over-counts (it is an upper bound there).
+MEASURED_PARTIAL_OFFLOAD = [(0.5, True, 4, 22.16, 25.45), (0.3, True, 4, 26.69, 20.56), (0.5, True, 32, 92.53, 25.45),
+                            (0.3, False, 4, 27.29, None), (0.0, False, 4, 33.71, None), (0.3, False, 32, 97.65, None),
+                            (0.5, False, 32, 93.13, None)]
+
+
+@pytest.mark.parametrize("ratio, params_on_host, micro_batch, gpu, host", MEASURED_PARTIAL_OFFLOAD)
+def test_partial_offload_within_15_percent_of_measured(ratio, params_on_host, micro_batch, gpu, host):
+    run = RunShape(gpus_per_node=1, micro_batch=micro_batch, optimizer_host_share=ratio, params_on_host=params_on_host,
+                   sub_group=100_000_000)
+    planned = estimate("zero3_offload", ModelShape.from_config(LLAMA_1B), run)
+    assert planned.gpu_total / GIB == pytest.approx(gpu, rel=0.15)
+    if host is not None:
+        assert planned.host_per_node / GIB == pytest.approx(host, rel=0.15)
+
+
+def test_partial_offload_moves_the_gpu_sub_groups_states_off_the_host():
+    model = ModelShape.from_config(LLAMA_1B)
+    full, half = (estimate("zero3_offload", model, RunShape(gpus_per_node=1, optimizer_host_share=r, sub_group=10**8))
+                  for r in (1.0, 0.5))
+    # 1.35B parameters in 14 sub-groups of 1e8: the first int(0.5 * 14) = 7 step on the GPU
+    assert half.gpu_total - full.gpu_total == 16 * 7 * 10**8
+    assert full.host_per_node - half.host_per_node >= 12 * 7 * 10**8
+
+
+def test_config_placement_reaches_the_bench_planner():
+    from hf_zero.config.dotted import optimizer_host_share, params_on_host, sub_group_size
+
+    config = {"zero_optimization": {"stage": 3, "sub_group_size": 1e8, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}
+    assert (optimizer_host_share(config), params_on_host(config), sub_group_size(config, 10**9)) == (0.3, False, 10**8)
+    preset = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+    assert (optimizer_host_share(preset), params_on_host(preset), sub_group_size(preset, 10**9)) == (1.0, True, 10**9)
+
+
 @pytest.mark.parametrize("setup, gpus, micro_batch, checkpointing, r, targets, fp32_adapters, measured", MEASURED_LORA)
 def test_lora_within_15_percent_of_measured_gpu_peaks(setup, gpus, micro_batch, checkpointing, r, targets, fp32_adapters,
                                                        measured):

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).parent
-CALLS = 14
+CALLS = 18
 
 RENAMES = {
     4: {"ddp@64k": "ddp_mbs4_again@64k", "z2o_mbs32@64k": "zero2_offload_mbs32@64k",
@@ -33,6 +33,10 @@ RENAMES = {
          "zero2_offload_mbs32@64k": "zero2_offload_16bitacc_mbs32_again@64k",
          "zero2_offload_fp32acc_mbs32@64k": "zero2_offload_mbs32_fp32acc_again@64k",
          "zero2_offload_fp32acc_mbs32@256k": "zero2_offload_mbs32_fp32acc@256k"},
+    15: {"zero3_offload@4k": "zero3_offload_again@4k"},
+    18: {"zero2_offload_mbs32_bucket1e8@64k": "zero2_offload_mbs32_fp32acc_bucket1e8@64k",
+         "zero2_offload_mbs32_bucket1e9@64k": "zero2_offload_mbs32_fp32acc_bucket1e9@64k",
+         "zero2_offload_mbs32_again2@64k": "zero2_offload_mbs32_fp32acc_again2@64k"},
 }
 # one timed step after one warm-up: too short for the 4k offload rows (call1 has them over 3 timed steps)
 # call12's 4k rows: two timed steps; call13 measured the same setups over six
