@@ -8,13 +8,14 @@ from pathlib import Path
 
 from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
-from ..planner import GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, SETUPS, ModelShape, RunShape, make_plan
+from ..planner import GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, SETUPS, SUB_GROUP, ModelShape, RunShape, make_plan
 
 _COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers", "reference model")
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
           "reference model": "ref"}
 # numeric flags and the least each may be: one message and exit 2 below that, never a plan of nonsense
-_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1, "gradient_accumulation_steps": 1}
+_AT_LEAST = {"gpus": 1, "nodes": 1, "seq": 1, "micro_batch": 1, "sequence_parallel": 1, "gradient_accumulation_steps": 1,
+             "sub_group_size": 1}
 _POSITIVE = ("gpu_mem", "cpu_mem", "nvme_mem")
 
 
@@ -54,6 +55,14 @@ def add_parser(subparsers):
     p.add_argument("--long-context", nargs="?", const="all", default="", metavar="PARTS",
                    help="plan hf_zero's long-context switch: all parts, or a comma-separated subset of "
                         f"{', '.join(LONG_CONTEXT_PARTS)} (offload_activations implies gradient checkpointing)")
+    p.add_argument("--offload-ratio", type=float, default=1.0, metavar="R",
+                   help="zero3_offload: the share of the optimizer stepped on the host (offload_optimizer.ratio); "
+                        "the rest keeps its fp32 states on the GPU")
+    p.add_argument("--params-on-gpu", action="store_true",
+                   help="zero3_offload: keep the 16-bit parameters on the GPU (no offload_param block)")
+    p.add_argument("--sub-group-size", type=int, default=SUB_GROUP, metavar="N",
+                   help=f"zero3_offload: elements per optimizer sub-group, the unit --offload-ratio splits "
+                        f"(default {SUB_GROUP:.0e})")
     p.add_argument("--largest", action="store_true",
                    help="for each setup, the deepest model of MODEL's shape (hidden size, heads, intermediate size, "
                         "vocabulary) that fits, and which resource (GPU, host, NVMe) stops it")
@@ -268,6 +277,13 @@ def write_config(plan, path) -> None:
         # layers as ZeRO-3 leaves break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns it off too)
         threshold = 0 if plan.run.lora_r else leaf_threshold(plan.model)
         set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", threshold)
+    if plan.choice == "zero3_offload":  # the placement the plan counted (--offload-ratio, --params-on-gpu)
+        if plan.run.optimizer_host_share < 1:
+            set_dotted(config, "zero_optimization.offload_optimizer.ratio", plan.run.optimizer_host_share)
+        if plan.run.sub_group != SUB_GROUP:
+            set_dotted(config, "zero_optimization.sub_group_size", plan.run.sub_group)
+        if not plan.run.params_on_host:
+            del config["zero_optimization"]["offload_param"]
     Path(path).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -279,6 +295,9 @@ def _check_numbers(args) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:  # also NaN
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of GiB, got {value:g}")
+    if not 0 <= args.offload_ratio <= 1:  # also NaN
+        raise ConfigError(f"--offload-ratio must be between 0 and 1 (the share of the optimizer on the host), "
+                          f"got {args.offload_ratio:g}")
 
 
 def _long_context(text: str) -> tuple:
@@ -317,7 +336,8 @@ def run(args) -> int:
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
                          compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
                          reference_model=args.reference_model, sequence_parallel=args.sequence_parallel,
-                         long_context=long_context)
+                         long_context=long_context, optimizer_host_share=args.offload_ratio,
+                         params_on_host=not args.params_on_gpu, sub_group=args.sub_group_size)
     _check_layout(model, run_shape)
     if lora_r:
         try:
