@@ -56,6 +56,20 @@ def accumulates_in_fp32(config: dict) -> bool:
     return str(get_dotted(config, "data_types.grad_accum_dtype", "")).lower() in FP32_NAMES
 
 
+def half_precision(config: dict, trainer_flags: dict) -> str | None:
+    """The run's 16-bit training dtype, "bf16" or "fp16", or None for fp32; "auto" when a switch set to "auto"
+    waits for a Trainer flag (``trainer_flags``: TrainingArguments' bf16 / fp16) that is not given."""
+    for key in ("bf16", "fp16"):
+        enabled = get_dotted(config, f"{key}.enabled", False)
+        if enabled == "auto":
+            if key not in trainer_flags:
+                return "auto"
+            enabled = trainer_flags[key]
+        if enabled is True:
+            return key
+    return None
+
+
 def _number(value, default):
     try:
         return float(value)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from packaging.version import Version
 
 from ..versions import deepspeed_version
-from .dotted import accumulates_in_fp32, get_dotted, optimizer_on_host, tensor_parallel_size
+from .dotted import accumulates_in_fp32, get_dotted, half_precision, optimizer_on_host, tensor_parallel_size
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
 from .live import LEAF_THRESHOLD, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold
 
@@ -156,19 +156,6 @@ def _offload(context):
     return found
 
 
-def _sixteen_bit(context) -> bool | None:
-    """The run trains in bf16/fp16: True, False, or None when "auto" leaves it to Trainer arguments not given."""
-    for key in ("bf16", "fp16"):
-        enabled = get_dotted(context.config, f"{key}.enabled", False)
-        if enabled == "auto":
-            if key not in context.trainer_args:
-                return None
-            enabled = context.trainer_args[key]
-        if enabled is True:
-            return True
-    return False
-
-
 def _offload_accumulation(context):
     """ZeRO-2 offload accumulating 16-bit gradients on the host (DeepSpeed's default)."""
     if context.zero.get("stage") != 2 or not optimizer_on_host(context.config) or accumulates_in_fp32(context.config):
@@ -176,7 +163,8 @@ def _offload_accumulation(context):
     accumulation = context.config.get("gradient_accumulation_steps")
     if accumulation == "auto":
         accumulation = context.trainer_args.get("gradient_accumulation_steps")
-    if not isinstance(accumulation, int) or accumulation <= 1 or not _sixteen_bit(context):
+    if not isinstance(accumulation, int) or accumulation <= 1 \
+            or half_precision(context.config, context.trainer_args) not in ("bf16", "fp16"):
         return []
     return [Finding("offload-16bit-accumulation", "warning",
                     f"ZeRO-2 offloads the optimizer and accumulates {accumulation} micro-batches in 16 bits: DeepSpeed "

@@ -13,7 +13,7 @@ from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
-from ..config.dotted import get_dotted, offload_devices, zero_stage
+from ..config.dotted import half_precision, offload_devices, zero_stage
 from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
@@ -54,11 +54,8 @@ def _half_dtype(config: dict, args):
     """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
     import torch
 
-    for key, flag, dtype in (("bf16", "bf16", torch.bfloat16), ("fp16", "fp16", torch.float16)):
-        enabled = get_dotted(config, f"{key}.enabled", False)
-        if enabled is True or (enabled == "auto" and getattr(args, flag, False)):
-            return dtype
-    return None
+    flags = {flag: bool(getattr(args, flag, False)) for flag in ("bf16", "fp16")}
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(half_precision(config, flags))
 
 
 def single_process_note(config: dict, stage, ranks: int) -> str | None:

@@ -50,3 +50,15 @@ def test_quiet_where_the_sum_is_fp32_or_unknown(change, trainer_args):
 @pytest.mark.parametrize("preset", ["zero2", "zero3_offload"])
 def test_quiet_without_zero2_offload(preset):
     assert CODE not in _codes(load_config(preset), gradient_accumulation_steps=16, bf16=True)
+
+
+def test_half_precision_reads_the_config_then_the_trainer_flags():
+    from hf_zero.config.dotted import half_precision
+
+    auto = load_config("zero2")  # bf16 and fp16 both "auto"
+    assert half_precision(auto, {"bf16": True, "fp16": False}) == "bf16"
+    assert half_precision(auto, {"bf16": False, "fp16": True}) == "fp16"
+    assert half_precision(auto, {"bf16": False, "fp16": False}) is None
+    assert half_precision(auto, {}) == "auto"  # no arguments to say which
+    assert half_precision({"fp16": {"enabled": True}}, {}) == "fp16"
+    assert half_precision({}, {"bf16": True}) is None  # DeepSpeed trains in fp32 without the config's switch
