@@ -135,14 +135,16 @@ def _reviews(path, header="text,label", rows=("the movie was great,fresh", "a du
     return path
 
 
+# each case is a CLI process of its own (about 8 s): make test keeps one per kind of input (data, model,
+# arguments), make test-long the rest
 @pytest.mark.parametrize("case, message", [
     ("missing-column", "column 'label' not found"),
-    ("empty", "has no rows"),
+    pytest.param("empty", "has no rows", marks=pytest.mark.slow),
     ("no-model", "does not exist"),
-    ("label-count", "num_labels=3 but the data has 2 labels"),
+    pytest.param("label-count", "num_labels=3 but the data has 2 labels", marks=pytest.mark.slow),
     ("lora-rank", "--lora_r must be 0 (full fine-tune) or a positive rank"),
-    ("lora-targets", "--lora_target_modules 'no_such_proj'"),
-    ("long-context-classifier", "--long_context trains causal LMs"),
+    pytest.param("lora-targets", "--lora_target_modules 'no_such_proj'", marks=pytest.mark.slow),
+    pytest.param("long-context-classifier", "--long_context trains causal LMs", marks=pytest.mark.slow),
 ])
 def test_bad_input_is_one_message_exit_2(tiny_models, tmp_path, case, message):
     model = tiny_models["bert3"] if case == "label-count" else tiny_models["llama_tok"]

@@ -19,8 +19,10 @@ def _gather_off(tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("mode", ["instance", "add-callback",
-                                  # the class itself takes the instance's path once the Trainer builds it: make test-long
+@pytest.mark.parametrize("mode", ["instance",
+                                  # add_callback and the class take the instance's path once the Trainer holds
+                                  # the callback: make test-long
+                                  pytest.param("add-callback", marks=pytest.mark.slow),
                                   pytest.param("class", marks=pytest.mark.slow)])
 def test_every_way_of_passing_the_callback_prepares_the_run_before_the_engine(tiny_models, tmp_path, mode):
     """Gathering off and gradient checkpointing: both need fixing before DeepSpeed builds its engine."""
