@@ -3,6 +3,8 @@ the parameters kept on the GPU, and writes the config it counted."""
 
 import json
 
+import pytest
+
 from hf_zero.cli import main
 
 
@@ -39,3 +41,28 @@ def test_a_ratio_outside_zero_to_one_is_one_message(capsys):
         assert "--offload-ratio must be between 0 and 1" in capsys.readouterr().err
     assert main(["plan", "1.35b", "--gpus", "1", "--gpu-mem", "140", "--sub-group-size", "0"]) == 2
     assert "--sub-group-size must be at least 1" in capsys.readouterr().err
+
+
+def _plan(capsys, gpu_mem, *extra):
+    code = main(["plan", "1.35b", "--gpus", "1", "--gpu-mem", str(gpu_mem), "--cpu-mem", "125", "--micro-batch", "4",
+                 *extra])
+    return code, capsys.readouterr().out
+
+
+def test_an_offload_plan_offers_the_split_the_gpu_holds(capsys):
+    # 30 GiB: zero3 (31.0 GiB) does not fit, 30% of the optimizer on the host with the parameters on the GPU does
+    code, out = _plan(capsys, 30)
+    assert code == 0 and "Recommended: zero2_offload" in out
+    assert "also fits: zero3_offload with 30% of the optimizer on the host" in out
+    assert "--offload-ratio 0.3 --params-on-gpu --sub-group-size 100000000" in out
+    assert json.loads(_plan(capsys, 30, "--json")[1])["partial_offload"] == 0.3
+
+
+@pytest.mark.parametrize("gpu_mem, extra", [
+    (140, ()),  # the plain Trainer fits: nothing is offloaded
+    (28, ()),  # not even 30% on the host fits beside the parameters (26.9 GiB over 25.2)
+    (30, ("--offload-ratio", "0.3", "--params-on-gpu")),  # the run already asks for a placement
+])
+def test_no_split_offered_otherwise(capsys, gpu_mem, extra):
+    _, out = _plan(capsys, gpu_mem, *extra)
+    assert "also fits: zero3_offload" not in out
