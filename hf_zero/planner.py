@@ -454,19 +454,25 @@ def sub_groups_on_gpu(groups: list, host_share: float) -> int:
 def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, host_share: float = 1.0,
                        params_on_host: bool = True, sub_group: int = SUB_GROUP) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
-    pinned, rounded by torch's cache: the flat gradient-partition buffer (fp32), the flat 16-bit parameter
-    partitions and one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master
-    partitions and CPU Adam's two moments. One H200, 1.35B: 17.25 GiB pinned and 34.34 GiB RSS measured (the
-    process itself is PROCESS_HOST_BYTES, which estimate adds). With offload_optimizer.ratio below 1 only the
-    sub-groups stepped on the host keep their states and gradient buffers there; without offload_param the
-    16-bit partitions are on the GPU."""
+    pinned, rounded by torch's cache: the flat gradient-partition buffer, the flat 16-bit parameter partitions and
+    one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master partitions and CPU
+    Adam's two moments. One H200, 1.35B: 17.25 GiB pinned and 34.34 GiB RSS measured (the process itself is
+    PROCESS_HOST_BYTES, which estimate adds). With offload_optimizer.ratio below 1 only the sub-groups stepped on
+    the host keep their states and gradient buffers there; without offload_param the 16-bit partitions are on the
+    GPU."""
     partition, weights = trained // ranks, psi // ranks
     groups = sub_groups(partition, sub_group)
     on_host = groups[sub_groups_on_gpu(groups, host_share):]
-    pinned = torch_pinned(4 * partition) + sum(torch_pinned(4 * g) for g in on_host)
+    states = 12 * sum(on_host) + sum(torch_pinned(4 * g) for g in on_host)
     if params_on_host:
-        pinned += torch_pinned(half * weights)
-    return pinned + 12 * sum(on_host)
+        # the flat gradient buffer counted at fp32 size: with the parameters offloaded the step's other host
+        # transients add about as much again (34.34 GiB measured against 35.04 planned so)
+        return torch_pinned(4 * partition) + torch_pinned(half * weights) + states
+    # without offload_param, the flat gradient buffer in its 16-bit accumulation dtype, and at start-up its pageable
+    # original beside the pinned copy (1.35B at ratio 0 / 0.3 / 0.5: 8.47 / 13.15 / 18.05 GiB measured with the
+    # process, 8.5 / 13.2 / 16.5 planned)
+    flat = torch_pinned(half * partition)
+    return max(flat + states, flat + half * partition)
 
 
 # One training process's own resident memory on a GPU node, whatever it trains: Python with torch, transformers
