@@ -72,6 +72,7 @@ def test_zero3_loads_partitioned_before_training_args(trained):
     assert_reload_bitwise(out)
 
 
+@pytest.mark.slow  # a run of its own; the finetune tests train a classifier in make test
 def test_bert_classifier_zero3(trained):
     out = trained("bert", "zero3", 2, task="cls")
     assert_reload_bitwise(out, "AutoModelForSequenceClassification")

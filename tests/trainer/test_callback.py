@@ -25,7 +25,8 @@ def test_quiet_engine_check_on_a_real_engine(trained):
     assert result["engine"] == "DeepSpeedEngine" and result["warnings"] == []
 
 
-@pytest.mark.parametrize("preset", ["zero1", "zero3"])
+# zero3 on one rank is a run make test has anyway (test_zero_training.py); zero1's runs in make test-long
+@pytest.mark.parametrize("preset", [pytest.param("zero1", marks=pytest.mark.slow), "zero3"])
 def test_warns_that_zero_on_one_process_shards_nothing(trained, preset):
     result = read_result(trained("llama", preset, 1))
     [warning] = result["warnings"]

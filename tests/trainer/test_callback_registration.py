@@ -113,6 +113,7 @@ def test_zero_arguments_refuses_what_is_not_an_arguments_class():
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow  # a run of its own; the glue itself is tested above without training
 def test_a_glued_seq2seq_arguments_class_trains_zero3_on_two_cpu_ranks(tiny_models, tmp_path):
     out = tmp_path / "run"
     run_worker(["--model", tiny_models["llama"], "--out", out, "--deepspeed", "zero3", "--args-class", "seq2seq",
