@@ -197,6 +197,12 @@ class RunShape:
     params_on_host: bool = True
     sub_group: int = SUB_GROUP
 
+    @property
+    def zero3_placement(self) -> dict:
+        """zero3_offload_host's keyword arguments: where this run puts ZeRO-3's optimizer and parameters."""
+        return dict(optimizer_host_share=self.optimizer_host_share, params_on_host=self.params_on_host,
+                    sub_group=self.sub_group)
+
     def __post_init__(self):
         unknown = sorted(set(self.long_context) - set(LONG_CONTEXT_PARTS))
         if unknown:
@@ -445,13 +451,13 @@ def sub_groups(partition: int, size: int = SUB_GROUP) -> list:
     return [size] * (partition // size) + ([partition % size] if partition % size else [])
 
 
-def sub_groups_on_gpu(groups: list, host_share: float) -> int:
+def sub_groups_on_gpu(groups: list, optimizer_host_share: float) -> int:
     """How many sub-groups stay on the GPU under offload_optimizer.ratio: the first int((1 - ratio) * count),
     as stage3.py's subgroup_to_device assigns them."""
-    return int((1 - host_share) * len(groups))
+    return int((1 - optimizer_host_share) * len(groups))
 
 
-def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, host_share: float = 1.0,
+def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_host_share: float = 1.0,
                        params_on_host: bool = True, sub_group: int = SUB_GROUP) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
     pinned, rounded by torch's cache: the flat gradient-partition buffer, the flat 16-bit parameter partitions and
@@ -462,7 +468,7 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, host_share
     GPU."""
     partition, weights = trained // ranks, psi // ranks
     groups = sub_groups(partition, sub_group)
-    on_host = groups[sub_groups_on_gpu(groups, host_share):]
+    on_host = groups[sub_groups_on_gpu(groups, optimizer_host_share):]
     states = 12 * sum(on_host) + sum(torch_pinned(4 * g) for g in on_host)
     if params_on_host:
         # the flat gradient buffer counted at fp32 size: with the parameters offloaded the step's other host
@@ -521,7 +527,7 @@ def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_no
     partitions (AsyncPartitionedParameterSwapper writes each one's swap file at partition time, and it stays
     there even for the ones later kept in host memory), and the fp32 master weights, Adam's two moments and
     the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group). ``placement`` is zero3_offload's
-    optimizer_host_share / params_on_host / sub_group (RunShape's fields) when they differ from the preset's."""
+    when it differs from the preset's (RunShape.zero3_placement, zero3_placement_of)."""
     if setup == "zero2_offload":
         return zero2_offload_host(trained, ranks, half, accumulation, param_sizes, fp32_accumulation) * gpus_per_node, 0
     if setup == "zero3_offload":
@@ -568,17 +574,23 @@ def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | N
             "buffer_count buffers is pinned host memory), or run on more ranks.")
 
 
+def zero3_placement_of(config: dict) -> dict:
+    """RunShape's ZeRO-3 placement fields as a DeepSpeed config sets them (offload_optimizer.ratio, offload_param,
+    sub_group_size)."""
+    from .config.dotted import optimizer_host_share, params_on_host, sub_group_size
+
+    return dict(optimizer_host_share=optimizer_host_share(config), params_on_host=params_on_host(config),
+                sub_group=sub_group_size(config, SUB_GROUP))
+
+
 def host_memory_problem(config: dict, params: int, trained: int, ranks: int, local_ranks: int, half: int,
                         host_bytes: int) -> str | None:
     """Why an offload preset's model states and its processes cannot fit this node's memory (the planner's figure),
     or None. The figure is DeepSpeed's host buffers without gradient accumulation's extra ones, plus each process's
     own memory (PROCESS_HOST_BYTES); it is under every peak measured on one H200 (73.2 GiB against 73.4 for the
     largest zero2_offload model), so only a run that cannot fit is refused."""
-    from .config.dotted import optimizer_host_share, params_on_host, sub_group_size
-
     setup = setup_of_config(config)
-    placement = dict(host_share=optimizer_host_share(config), params_on_host=params_on_host(config),
-                     sub_group=sub_group_size(config, SUB_GROUP))
+    placement = zero3_placement_of(config)
     states = offloaded_states(setup, params, trained, ranks, local_ranks, half, placement=placement)[0] if setup else 0
     if not states:
         return None
@@ -647,8 +659,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
             placement = None
             if setup == "zero3_offload":
-                placement = dict(host_share=run.optimizer_host_share, params_on_host=run.params_on_host,
-                                 sub_group=run.sub_group)
+                placement = run.zero3_placement
                 if not run.params_on_host:
                     phases["backward"]["parameters"] = half * psi // n
                 groups = sub_groups(trained // n, run.sub_group)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
-from ..config.dotted import accumulates_in_fp32, optimizer_host_share, params_on_host, sub_group_size
+from ..config.dotted import accumulates_in_fp32
 from ..distributed import free_port, gpu_count
 from ..errors import ConfigError
-from ..planner import GIB, SUB_GROUP, ModelShape, RunShape, estimate
+from ..planner import GIB, ModelShape, RunShape, estimate, zero3_placement_of
 from .model import build_config, flops_per_token, params_text, resolve_model
 from .setups import Setup, reduce_bucket, select
 
@@ -261,9 +261,7 @@ def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
                    bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")),
                    accumulation=int(setup.args.get("gradient_accumulation_steps", 1)),
                    fp32_accumulation=accumulates_in_fp32(setup.deepspeed or {}),
-                   optimizer_host_share=optimizer_host_share(setup.deepspeed or {}),
-                   params_on_host=params_on_host(setup.deepspeed or {}),
-                   sub_group=sub_group_size(setup.deepspeed or {}, SUB_GROUP),
+                   **zero3_placement_of(setup.deepspeed or {}),
                    long_context=tuple(part for part, on in setup.long_context.items() if on))
     if setup.lora:
         run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8
