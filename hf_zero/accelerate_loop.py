@@ -23,7 +23,7 @@ from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gath
 from .config.validate import check_config
 from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, world_size
 from .engine_checks import engine_problems, parallel_sizes, training_alone
-from .engine_fixes import offload_overflow_syncs_removed
+from .engine_fixes import offload_fixes_applied
 from .errors import CheckpointError, ConfigError
 from .offload_threads import threads_for_offload
 
@@ -135,8 +135,7 @@ def prepare(accelerator, model, *objects):
     problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
     if problems:
         raise ConfigError(problems)
-    note = offload_overflow_syncs_removed(engine)
-    if note:
+    for note in offload_fixes_applied(engine):
         logger.info("hf_zero: %s", note)
     return prepared
 

@@ -427,6 +427,7 @@ def main(argv=None):
                        "peak_reserved_gib": max(m.get("reserved_gib", 0.0) for m in train_mem) if key == "alloc_gib" else None},
             "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
+            "engine_fixes": callback.engine_fixes if callback else [],
         }
         if nvme is not None:
             result["nvme_gib"] = nvme.peak_gib  # this rank's files: rank 0 writes the result

@@ -18,7 +18,7 @@ from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_set
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
-from ..engine_fixes import offload_overflow_syncs_removed
+from ..engine_fixes import offload_fixes_applied
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
 from ..offload_threads import AUTO, threads_for_offload
@@ -111,7 +111,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step. Under ZeRO-1/2 with the optimizer
     offloaded, DeepSpeed's per-parameter host test for inf/NaN gradients (a synchronization per parameter) is left
-    out; the gradient norm catches the same overflows (``overlap_offload_copies=False`` keeps it).
+    out; the gradient norm catches the same overflows. Under ZeRO-3 with the optimizer offloaded and the 16-bit
+    parameters on the GPU, each updated sub-group reaches the GPU through a pinned buffer instead of a synchronous
+    copy from pageable memory (``overlap_offload_copies=False`` keeps DeepSpeed's own paths for both).
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
@@ -130,6 +132,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         self.trainer = None
         self.stage = None
         self.warnings = []
+        self.engine_fixes = []  # the notes of hf_zero.engine_fixes' fixes applied at train begin
         self._saved_use_cache = None
         self._save_total_limit = None
 
@@ -341,8 +344,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(problems)
         if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):
             model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
-        note = offload_overflow_syncs_removed(self.trainer.model_wrapped) if self.overlap_offload_copies else None
-        if note and state.is_world_process_zero:
+        self.engine_fixes = offload_fixes_applied(self.trainer.model_wrapped) if self.overlap_offload_copies else []
+        for note in self.engine_fixes if state.is_world_process_zero else []:
             logger.info("hf_zero: %s", note)
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,

@@ -1,8 +1,12 @@
-"""A few Trainer steps of a tiny Llama under the zero2_offload preset, one process, for the overflow-sync fix.
+"""A few Trainer steps of a tiny Llama under an offload preset, one process, for hf_zero/engine_fixes.py's fixes.
 
+``--preset`` picks the preset (zero2_offload by default); ``--params-on-gpu`` drops its ``offload_param``.
 ``--nan-step K`` turns every gradient of optimizer step K into NaN (a hook on the loss), as an fp16 overflow or a
 bad batch would; ``--keep-syncs`` attaches ZeroCallback with overlap_offload_copies=False (DeepSpeed as shipped).
-Writes result.json (losses, grad norms, whether the fix was applied) and the final weights (weights.safetensors).
+``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
+without a GPU the 16-bit partitions are in host memory too, where the fix itself stays out.
+Writes result.json (losses, grad norms, whether each fix was applied) and the final 16-bit weights
+(weights.safetensors, gathered under ZeRO-3).
 """
 
 import argparse
@@ -16,6 +20,21 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
 from train_tiny import RandomTokens
+
+
+class PinnedCopyEverywhere(TrainerCallback):
+    """At train begin (the engine is built), routes every host-stepped ZeRO-3 sub-group through the pinned copy."""
+
+    def __init__(self):
+        self.trainer, self.sub_groups = None, []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from hf_zero.engine_fixes import copy_updates_through_pinned_memory
+
+        optimizer = self.trainer.model_wrapped.optimizer
+        self.sub_groups = [i for i, master in enumerate(optimizer.fp32_partitioned_groups_flat)
+                           if master.device.type == "cpu"]
+        copy_updates_through_pinned_memory(optimizer, self.sub_groups)
 
 
 class NanGradientsAt(TrainerCallback):
@@ -37,9 +56,15 @@ def main():
     p.add_argument("--nan-step", type=int, default=None)
     p.add_argument("--keep-syncs", action="store_true")
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--preset", default="zero2_offload")
+    p.add_argument("--params-on-gpu", action="store_true")
+    p.add_argument("--pinned-copy", action="store_true")
     opts = p.parse_args()
 
-    args = hf_zero.TrainingArguments(output_dir=opts.out, deepspeed="zero2_offload", per_device_train_batch_size=2,
+    config = json.loads(hf_zero.preset_path(opts.preset).read_text())
+    if opts.params_on_gpu:
+        del config["zero_optimization"]["offload_param"]
+    args = hf_zero.TrainingArguments(output_dir=opts.out, deepspeed=config, per_device_train_batch_size=2,
                                      gradient_accumulation_steps=opts.accum, max_steps=opts.steps, learning_rate=1e-3,
                                      logging_steps=1, report_to=[], seed=0, save_strategy="no", disable_tqdm=True,
                                      lr_scheduler_type="constant", max_grad_norm=1.0,
@@ -52,16 +77,25 @@ def main():
             loss = super().compute_loss(model, inputs, *a, **kw)
             return loss * float("nan") if nan_at.current == nan_at.step else loss
 
+    pinned = PinnedCopyEverywhere()
     trainer = NanTrainer(model=model, args=args, train_dataset=RandomTokens("causal", model.config.vocab_size),
-                         callbacks=[nan_at])
+                         callbacks=[nan_at] + ([pinned] if opts.pinned_copy else []))
+    pinned.trainer = trainer
     callback = hf_zero.attach(trainer, log_memory=False, overlap_offload_copies=not opts.keep_syncs)
     trainer.train()
-    optimizer = trainer.model_wrapped.optimizer
-    fixed = "update_offload_overflow_tracker" in vars(optimizer)  # the instance attribute the fix sets
+    engine = trainer.model_wrapped
+    # the instance attributes the fixes set
+    fixed = "update_offload_overflow_tracker" in vars(engine.optimizer)
+    pinned_copy = "_reassign_or_swap_out_partitioned_parameters" in vars(engine.optimizer)
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    weights = {k: v.detach().clone().contiguous() for k, v in trainer.model.state_dict().items()}
+    if engine.zero_optimization_stage() == 3:
+        weights = engine._zero3_consolidated_16bit_state_dict()
+    else:
+        weights = trainer.model.state_dict()
+    weights = {k: v.detach().clone().contiguous() for k, v in weights.items()}
     save_file(weights, str(Path(opts.out) / "weights.safetensors"))
-    result = {"fixed": fixed, "losses": [e["loss"] for e in logs],
+    result = {"fixed": fixed, "pinned_copy": pinned_copy, "pinned_sub_groups": pinned.sub_groups,
+              "losses": [e["loss"] for e in logs],
               "grad_norms": [None if e.get("grad_norm") is None or math.isnan(e["grad_norm"]) else e["grad_norm"]
                              for e in logs], "steps": trainer.state.global_step,
               "threads": torch.get_num_threads(), "warnings": callback.warnings}
