@@ -112,10 +112,10 @@ class ModelShape:
     head_dim: int = 0  # width of one head: the rotary cos/sin are seq x head_dim
 
     def param_sizes(self) -> list:
-        """Elements of each weight matrix: the decoder layers' Linears and the embedding and LM head (norms and
-        biases are left out: they are a few hidden-size vectors)."""
+        """Elements of each weight matrix in the model's order: the embedding, the decoder layers' Linears, the LM
+        head (norms and biases are left out: they are a few hidden-size vectors)."""
         per_layer = [i * o for i, o in self.linears.values()]
-        return per_layer * self.layers + [self.vocab * self.hidden] * 2
+        return [self.vocab * self.hidden] + per_layer * self.layers + [self.vocab * self.hidden]
 
     @property
     def linear_params(self) -> int:
@@ -446,9 +446,33 @@ def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 
     return pinned + 8 * partition
 
 
-def sub_groups(partition: int, size: int = SUB_GROUP) -> list:
-    """Elements of each of ZeRO-3's optimizer sub-groups in one rank's partition (zero_optimization.sub_group_size)."""
-    return [size] * (partition // size) + ([partition % size] if partition % size else [])
+def sub_groups(partition: int, size: int = SUB_GROUP, param_sizes=(), ranks: int = 1) -> list:
+    """Elements of each of ZeRO-3's optimizer sub-groups in one rank's partition (zero_optimization.sub_group_size).
+
+    Given the weights' sizes in the model's order (ModelShape.param_sizes), as stage3.py's _create_fp16_sub_groups
+    forms them for one parameter group (a preset's optimizer gets all parameters in one): each rank's share of one
+    parameter after another, a sub-group closed once it reaches ``size`` (so an embedding larger than ``size`` is a
+    sub-group of its own), and what the sizes leave out (the norms) with the last one. A tied LM head is left out when the sizes would exceed the partition.
+    Without sizes, equal sub-groups of ``size``."""
+    shares = [-(-n // ranks) for n in param_sizes]
+    if sum(shares) > partition:
+        shares = shares[:-1]  # the LM head shares the embedding's weights
+    if not shares or sum(shares) > partition:
+        return [size] * (partition // size) + ([partition % size] if partition % size else [])
+    groups, current = [], 0
+    for share in shares:
+        current += share
+        if current >= size:
+            groups.append(current)
+            current = 0
+    # the norms sit between the weights, in the same parameter group when DeepSpeed builds the optimizer from the
+    # config (every preset names one): counted with the last sub-group
+    rest = current + partition - sum(shares)
+    if groups and not current:
+        groups[-1] += rest
+    elif rest:
+        groups.append(rest)
+    return groups
 
 
 def sub_groups_on_gpu(groups: list, optimizer_host_share: float) -> int:
@@ -458,16 +482,18 @@ def sub_groups_on_gpu(groups: list, optimizer_host_share: float) -> int:
 
 
 def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_host_share: float = 1.0,
-                       params_on_host: bool = True, sub_group: int = SUB_GROUP) -> int:
+                       params_on_host: bool = True, sub_group: int = SUB_GROUP, param_sizes=()) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
     pinned, rounded by torch's cache: the flat gradient-partition buffer, the flat 16-bit parameter partitions and
     one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master partitions and CPU
     Adam's two moments. One H200, 1.35B: 17.25 GiB pinned and 34.34 GiB RSS measured (the process itself is
     PROCESS_HOST_BYTES, which estimate adds). With offload_optimizer.ratio below 1 only the sub-groups stepped on
     the host keep their states and gradient buffers there; without offload_param the 16-bit partitions are on the
-    GPU."""
+    GPU, and ZeroCallback copies the host sub-groups' updates to them through a pinned 16-bit buffer each
+    (engine_fixes.zero3_updates_copied_through_pinned_memory). ``param_sizes`` (the weights in the model's order)
+    forms the sub-groups as DeepSpeed does."""
     partition, weights = trained // ranks, psi // ranks
-    groups = sub_groups(partition, sub_group)
+    groups = sub_groups(partition, sub_group, param_sizes, ranks)
     on_host = groups[sub_groups_on_gpu(groups, optimizer_host_share):]
     states = 12 * sum(on_host) + sum(torch_pinned(4 * g) for g in on_host)
     if params_on_host:
@@ -478,7 +504,8 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
     # original beside the pinned copy (1.35B at ratio 0 / 0.3 / 0.5: 8.47 / 13.15 / 18.05 GiB measured with the
     # process, 8.5 / 13.2 / 16.5 planned)
     flat = torch_pinned(half * partition)
-    return max(flat + states, flat + half * partition)
+    staging = sum(torch_pinned(half * g) for g in on_host)
+    return max(flat + states, flat + half * partition) + staging
 
 
 # One training process's own resident memory on a GPU node, whatever it trains: Python with torch, transformers
@@ -531,7 +558,8 @@ def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_no
     if setup == "zero2_offload":
         return zero2_offload_host(trained, ranks, half, accumulation, param_sizes, fp32_accumulation) * gpus_per_node, 0
     if setup == "zero3_offload":
-        return zero3_offload_host(psi, trained, ranks, half, **(placement or {})) * gpus_per_node, 0
+        return zero3_offload_host(psi, trained, ranks, half, **(placement or {}), param_sizes=param_sizes) \
+            * gpus_per_node, 0
     if setup == "zero3_nvme":
         states = (half * psi + 16 * trained) // ranks * gpus_per_node
         return zero3_nvme_host(trained, ranks, half) * gpus_per_node, states
@@ -658,16 +686,18 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         else:
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
             placement = None
+            sizes = model.param_sizes() if trained == psi else ()
             if setup == "zero3_offload":
                 placement = run.zero3_placement
                 if not run.params_on_host:
                     phases["backward"]["parameters"] = half * psi // n
-                groups = sub_groups(trained // n, run.sub_group)
+                groups = sub_groups(trained // n, run.sub_group, sizes, n)
                 # the GPU's sub-groups: fp32 master weights, Adam's two moments and an fp32 gradient buffer each
                 on_gpu = sum(groups[:sub_groups_on_gpu(groups, run.optimizer_host_share)])
                 if on_gpu:
                     phases["backward"]["optimizer"] = 16 * on_gpu
-            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, placement=placement)
+            host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, param_sizes=sizes,
+                                          placement=placement)
     if setup != "ddp":
         host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
     else:
@@ -738,8 +768,9 @@ class Plan:
 
 
 # Measured on one H200 (benchmarks/1xH200/offload, 1.35B, 65,536 tokens per optimizer step): ZeRO-3 with 30% of its
-# optimizer on the host and the parameters on the GPU ran 35,050 tokens/s, zero2_offload 32,247, zero3_offload
-# 30,465; with 50% on the host it ran 29,818, no faster than the preset. The plan offers the split up to 30%.
+# optimizer on the host and the parameters on the GPU ran 38,801 tokens/s (93% of the plain Trainer) with ZeroCallback's
+# pinned update copy, zero2_offload 32,660, zero3_offload 31,361; with 50% on the host it ran 29,818 without the
+# pinned copy (30% ran 34,413 so), no faster than the preset. The plan offers the split up to 30%.
 PARTIAL_OFFLOAD_MOST_ON_HOST = 0.3
 PARTIAL_OFFLOAD_SUB_GROUP = 100_000_000  # fine enough to split a model of a few billion parameters in tenths
 

@@ -125,18 +125,20 @@ def test_fp32_accumulation_keeps_its_partition_on_the_gpu_and_none_on_the_host()
     assert half.host_per_node > fp32.host_per_node  # the 16-bit accumulation buffers on the host
 
 
-# zero3_offload with offload_optimizer.ratio and sub_group_size 1e8, one H200 (1xH200/offload/sweeps/call15-17.json):
-# ratio, 16-bit parameters on the host (offload_param), micro batch, GPU GiB, host RSS GiB. The GPU's sub-groups hold
-# 16 bytes per element.
+# zero3_offload with offload_optimizer.ratio and sub_group_size 1e8 (1e9 at ratio 1), one H200
+# (1xH200/offload/sweeps/call15-17.json with parameters on the host, call19-21.json without, where ZeroCallback copies
+# the updates through pinned buffers): ratio, 16-bit parameters on the host (offload_param), micro batch, GPU GiB,
+# host RSS GiB. The GPU's sub-groups hold 16 bytes per element.
 MEASURED_PARTIAL_OFFLOAD = [(0.5, True, 4, 22.16, 25.45), (0.3, True, 4, 26.69, 20.56), (0.5, True, 32, 92.53, 25.45),
-                            (0.3, False, 4, 27.29, 13.15), (0.0, False, 4, 33.71, 8.47), (0.3, False, 32, 97.65, 13.15),
-                            (0.5, False, 32, 93.13, 18.05)]
+                            (0.3, False, 4, 27.29, 13.92), (0.3, False, 32, 97.65, 13.92), (0.2, False, 4, 28.79, 13.15),
+                            (0.1, False, 4, 30.30, 11.27), (0.0, False, 4, 33.71, 8.47), (1.0, False, 4, 13.66, 30.07),
+                            (1.0, False, 32, 84.02, 30.07)]
 
 
 @pytest.mark.parametrize("ratio, params_on_host, micro_batch, gpu, host", MEASURED_PARTIAL_OFFLOAD)
 def test_partial_offload_within_15_percent_of_measured(ratio, params_on_host, micro_batch, gpu, host):
     run = RunShape(gpus_per_node=1, micro_batch=micro_batch, optimizer_host_share=ratio, params_on_host=params_on_host,
-                   sub_group=100_000_000)
+                   sub_group=10**9 if ratio == 1 else 10**8)
     planned = estimate("zero3_offload", ModelShape.from_config(LLAMA_1B), run)
     assert planned.gpu_total / GIB == pytest.approx(gpu, rel=0.15)
     assert planned.host_per_node / GIB == pytest.approx(host, rel=0.15)
@@ -146,9 +148,22 @@ def test_partial_offload_moves_the_gpu_sub_groups_states_off_the_host():
     model = ModelShape.from_config(LLAMA_1B)
     full, half = (estimate("zero3_offload", model, RunShape(gpus_per_node=1, optimizer_host_share=r, sub_group=10**8))
                   for r in (1.0, 0.5))
-    # 1.35B parameters in 14 sub-groups of 1e8: the first int(0.5 * 14) = 7 step on the GPU
-    assert half.gpu_total - full.gpu_total == 16 * 7 * 10**8
-    assert full.host_per_node - half.host_per_node >= 12 * 7 * 10**8
+    # 1.35B parameters in 13 sub-groups as DeepSpeed closes them at 1e8 elements: the embedding (104,857,600)
+    # alone, then 101,187,584 each (four layers' Linears and a fifth's first Linears), the LM head in the last one;
+    # the first int(0.5 * 13) = 6 step on the GPU
+    on_gpu = 104_857_600 + 5 * 101_187_584
+    assert half.gpu_total - full.gpu_total == 16 * on_gpu
+    assert full.host_per_node - half.host_per_node >= 12 * on_gpu
+
+
+def test_sub_groups_close_as_deepspeed_closes_them():
+    from hf_zero.planner import sub_groups
+
+    # a parameter over the size is a sub-group alone; the rest (norms) joins the last; a tied head is left out
+    assert sub_groups(100, 10, [12, 4, 4, 4, 3]) == [12, 12, 76]
+    assert sub_groups(30, 10, [12, 4, 4, 12]) == [12, 18]
+    assert sub_groups(16, 5, [12, 4, 12], ranks=2) == [6, 10]  # each rank's share: 6, 2, 6
+    assert sub_groups(25, 10) == [10, 10, 5]
 
 
 def test_config_placement_reaches_the_bench_planner():
