@@ -54,7 +54,8 @@ def offload_fixes_applied(engine) -> list[str]:
     return [note for note in notes if note]
 
 
-def zero3_updates_copied_through_pinned_memory(engine, version: str | None = None) -> str | None:
+def zero3_updates_copied_through_pinned_memory(engine, version: str | None = None,
+                                               available_bytes: int | None = None) -> str | None:
     """Under ZeRO-3 with the optimizer offloaded and the 16-bit parameters on the GPU (no ``offload_param``, or
     ``offload_optimizer.ratio`` below 1), copy each updated sub-group to the GPU through a pinned 16-bit buffer;
     returns a note when it did, None when the engine does not need it.
@@ -66,7 +67,8 @@ def zero3_updates_copied_through_pinned_memory(engine, version: str | None = Non
     path already stages through a pinned 16-bit buffer; this does the same for ZeRO-3: the rounding happens on the
     host as before (the same bits), the copy runs while the CPU steps the next sub-group, and the step waits for the
     copies once, after its last host sub-group. Left alone when ``offload_optimizer.pin_memory`` is false (no pinned
-    memory asked for)."""
+    memory asked for), and when the buffers (2 bytes a host-stepped parameter) would take more than half of the
+    host memory still available (``available_bytes``, psutil's figure by default): DeepSpeed's copy needs none."""
     optimizer = getattr(engine, "optimizer", None)
     if not _plain_zero3_offload(optimizer) or not getattr(optimizer, "offload_optimizer_pin_memory", False):
         return None
@@ -75,11 +77,18 @@ def zero3_updates_copied_through_pinned_memory(engine, version: str | None = Non
     low, high = PINNED_UPDATE_COPY_RELEASES
     if not sub_groups or installed is None or not low <= installed < high:
         return None
+    staging = sum(optimizer.fp16_partitioned_groups_flat[i].numel() * optimizer.fp16_partitioned_groups_flat[i].element_size()
+                  for i in sub_groups)
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available
+    if 2 * staging > available_bytes:
+        return None
     copy_updates_through_pinned_memory(optimizer, sub_groups)
-    elements = sum(optimizer.fp16_partitioned_groups_flat[i].numel() for i in sub_groups)
     return (f"ZeRO-3 offload: the {len(sub_groups)} sub-group(s) stepped on the host reach the GPU through pinned "
-            f"16-bit buffers ({elements * optimizer.fp16_partitioned_groups_flat[sub_groups[0]].element_size() / 2**30:.2f}"
-            " GiB of pinned host memory) instead of DeepSpeed's synchronous copy from pageable memory.")
+            f"16-bit buffers ({staging / 2**30:.2f} GiB of pinned host memory) instead of DeepSpeed's synchronous "
+            "copy from pageable memory.")
 
 
 def _plain_zero3_offload(optimizer) -> bool:

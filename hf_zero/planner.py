@@ -482,7 +482,8 @@ def sub_groups_on_gpu(groups: list, optimizer_host_share: float) -> int:
 
 
 def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_host_share: float = 1.0,
-                       params_on_host: bool = True, sub_group: int = SUB_GROUP, param_sizes=()) -> int:
+                       params_on_host: bool = True, sub_group: int = SUB_GROUP, param_sizes=(),
+                       pinned_update_copy: bool = True) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
     pinned, rounded by torch's cache: the flat gradient-partition buffer, the flat 16-bit parameter partitions and
     one fp32 gradient buffer per optimizer sub-group (stage3.py); pageable: the fp32 master partitions and CPU
@@ -490,8 +491,9 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
     PROCESS_HOST_BYTES, which estimate adds). With offload_optimizer.ratio below 1 only the sub-groups stepped on
     the host keep their states and gradient buffers there; without offload_param the 16-bit partitions are on the
     GPU, and ZeroCallback copies the host sub-groups' updates to them through a pinned 16-bit buffer each
-    (engine_fixes.zero3_updates_copied_through_pinned_memory). ``param_sizes`` (the weights in the model's order)
-    forms the sub-groups as DeepSpeed does."""
+    (engine_fixes.zero3_updates_copied_through_pinned_memory; ``pinned_update_copy=False`` leaves those buffers out,
+    as DeepSpeed alone allocates). ``param_sizes`` (the weights in the model's order) forms the sub-groups as
+    DeepSpeed does."""
     partition, weights = trained // ranks, psi // ranks
     groups = sub_groups(partition, sub_group, param_sizes, ranks)
     on_host = groups[sub_groups_on_gpu(groups, optimizer_host_share):]
@@ -504,7 +506,7 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
     # original beside the pinned copy (1.35B at ratio 0 / 0.3 / 0.5: 8.47 / 13.15 / 18.05 GiB measured with the
     # process, 8.5 / 13.2 / 16.5 planned)
     flat = torch_pinned(half * partition)
-    staging = sum(torch_pinned(half * g) for g in on_host)
+    staging = sum(torch_pinned(half * g) for g in on_host) if pinned_update_copy else 0
     return max(flat + states, flat + half * partition) + staging
 
 
@@ -618,7 +620,9 @@ def host_memory_problem(config: dict, params: int, trained: int, ranks: int, loc
     own memory (PROCESS_HOST_BYTES); it is under every peak measured on one H200 (73.2 GiB against 73.4 for the
     largest zero2_offload model), so only a run that cannot fit is refused."""
     setup = setup_of_config(config)
-    placement = zero3_placement_of(config)
+    # DeepSpeed's own buffers only: ZeroCallback's pinned update buffers are left out, and allocated only when the
+    # host has room for them (engine_fixes)
+    placement = {**zero3_placement_of(config), "pinned_update_copy": False}
     states = offloaded_states(setup, params, trained, ranks, local_ranks, half, placement=placement)[0] if setup else 0
     if not states:
         return None

@@ -52,6 +52,21 @@ def test_partial_offload_is_held_to_its_host_share():
     assert host_memory_problem(partial, params, params, 1, 1, 2, 16 * GIB)
 
 
+def test_the_check_counts_deepspeeds_buffers_not_the_pinned_update_copy():
+    """Without offload_param, ZeroCallback's pinned update buffers (2 bytes a host-stepped parameter) come only where
+    the host has room for them: the check's floor is what DeepSpeed itself allocates."""
+    from hf_zero.planner import PROCESS_HOST_BYTES, zero3_offload_host
+
+    params = 7_241_732_096
+    config = load_config("zero3_offload")
+    del config["zero_optimization"]["offload_param"]
+    alone = zero3_offload_host(params, params, 1, 2, params_on_host=False, pinned_update_copy=False)
+    with_copy = zero3_offload_host(params, params, 1, 2, params_on_host=False)
+    assert with_copy - alone >= 2 * params  # the buffers, each rounded up by torch's pinned cache
+    assert host_memory_problem(config, params, params, 1, 1, 2, alone + PROCESS_HOST_BYTES) is None
+    assert host_memory_problem(config, params, params, 1, 1, 2, alone + PROCESS_HOST_BYTES - GIB)
+
+
 def test_check_cli_refuses_an_offload_preset_the_host_cannot_hold(tmp_path, capsys):
     model = tmp_path / "config.json"
     model.write_text(json.dumps(EIGHT_B))

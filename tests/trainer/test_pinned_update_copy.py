@@ -23,12 +23,13 @@ def _stage3_optimizer(*, half_device="meta", pin_memory=True, cls=None, zenflow=
     return optimizer
 
 
-def _fix(optimizer, version="0.19.8"):
+def _fix(optimizer, version="0.19.8", available_bytes=2**30):
     from types import SimpleNamespace
 
     from hf_zero.engine_fixes import zero3_updates_copied_through_pinned_memory
 
-    return zero3_updates_copied_through_pinned_memory(SimpleNamespace(optimizer=optimizer), version=version)
+    return zero3_updates_copied_through_pinned_memory(SimpleNamespace(optimizer=optimizer), version=version,
+                                                      available_bytes=available_bytes)
 
 
 def _replaced(optimizer) -> bool:
@@ -39,6 +40,13 @@ def test_applied_where_the_16_bit_partitions_are_on_the_accelerator():
     optimizer = _stage3_optimizer()
     note = _fix(optimizer)
     assert note and "2 sub-group(s)" in note and _replaced(optimizer)
+
+
+def test_left_alone_when_the_host_lacks_room_for_the_buffers():
+    # two sub-groups of six bf16 elements: 24 bytes of buffers, applied only with twice that available
+    optimizer = _stage3_optimizer()
+    assert _fix(optimizer, available_bytes=47) is None and not _replaced(optimizer)
+    assert _fix(optimizer, available_bytes=48) is not None and _replaced(optimizer)
 
 
 @pytest.mark.parametrize("case", ["parameters offloaded too", "pin_memory false", "zenflow", "superoffload",
