@@ -34,6 +34,17 @@ def test_zero2_loop_with_a_torch_adamw_keeps_its_hyperparameters(tiny_models, tm
     assert_reload_bitwise(out)
 
 
+@pytest.mark.slow  # the CPU Adam and a two-process offload run, about a minute
+def test_prepare_applies_the_offload_fixes_the_trainer_gets(tiny_models, tmp_path):
+    # zero2_offload: DeepSpeed's per-gradient host test goes, as ZeroCallback removes it under the Trainer
+    out = tmp_path / "loop"
+    _run(tiny_models, out, "zero2_offload")
+    result = read_result(out)
+    assert result["engine_fixes"] == ["update_offload_overflow_tracker"]
+    assert result["losses"][-1] < result["losses"][0]
+    assert_reload_bitwise(out)
+
+
 def test_a_save_on_one_rank_only_is_refused_and_writes_nothing(tiny_models, tmp_path):
     out = tmp_path / "loop"
     (out / "final").mkdir(parents=True)

@@ -77,7 +77,11 @@ def main():
                   "partitioned_at_load": partitioned_at_load, "betas": config["optimizer"]["params"]["betas"],
                   "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                   "long_context": str(hf_zero.long_context.long_context_of(model)),
-                  "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing}
+                  "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing,
+                  # the instance attributes hf_zero.engine_fixes sets on the ZeRO optimizer
+                  "engine_fixes": sorted(name for name in ("update_offload_overflow_tracker",
+                                                           "_reassign_or_swap_out_partitioned_parameters")
+                                         if name in vars(model.optimizer))}
         (out / "result.json").write_text(json.dumps(result, indent=1))
     accelerator.wait_for_everyone()
     hf_zero.shutdown()
