@@ -77,8 +77,8 @@ def zero3_updates_copied_through_pinned_memory(engine, version: str | None = Non
     low, high = PINNED_UPDATE_COPY_RELEASES
     if not sub_groups or installed is None or not low <= installed < high:
         return None
-    staging = sum(optimizer.fp16_partitioned_groups_flat[i].numel() * optimizer.fp16_partitioned_groups_flat[i].element_size()
-                  for i in sub_groups)
+    halves = optimizer.fp16_partitioned_groups_flat
+    staging = sum(halves[i].numel() * halves[i].element_size() for i in sub_groups)
     if available_bytes is None:
         import psutil
 
