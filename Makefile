@@ -1,5 +1,5 @@
 # make demo  - the main job: fine-tune a real model with the ZeRO-3 preset on 2 processes
-# make test  - the test suite (real DeepSpeed on CPU; about 12 min on 2 cores from a fresh clone, its op build included)
+# make test  - the test suite (real DeepSpeed on CPU; about 13 min on 2 cores from a fresh clone, its op build included)
 # Both set themselves up in .venv. torch is pinned to the local CPU wheel: unpinned, pip pulls a multi-GB CUDA build.
 
 PYTHON ?= python3
