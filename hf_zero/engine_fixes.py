@@ -28,14 +28,20 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
         return None
     if getattr(optimizer, "zenflow", False) or not getattr(optimizer, "compute_grad_norm", False):
         return None  # ZenFlow has its own step; without the norm the flag is the only overflow test
-    installed = deepspeed_version(version)
-    low, high = OFFLOAD_OVERFLOW_FIX_RELEASES
-    if installed is None or not low <= installed < high:
+    if not _read_against(OFFLOAD_OVERFLOW_FIX_RELEASES, version):
         return None
     optimizer.update_offload_overflow_tracker = _no_host_test
     return ("ZeRO offload: DeepSpeed's per-parameter inf/NaN test of each gradient (a host synchronization per "
             "parameter, each waiting for the gradient copies before it) is left out; the global gradient norm "
             "catches the same overflows.")
+
+
+def _read_against(releases: tuple, version: str | None) -> bool:
+    """Whether the installed DeepSpeed (or ``version``) is one of the releases (low <= v < high) a fix was read
+    against: outside them its internals may differ, and the fix stays out."""
+    installed = deepspeed_version(version)
+    low, high = releases
+    return installed is not None and low <= installed < high
 
 
 def _no_host_test(grad) -> None:
@@ -73,9 +79,7 @@ def zero3_updates_copied_through_pinned_memory(engine, version: str | None = Non
     if not _plain_zero3_offload(optimizer) or not getattr(optimizer, "offload_optimizer_pin_memory", False):
         return None
     sub_groups = host_updated_sub_groups(optimizer)
-    installed = deepspeed_version(version)
-    low, high = PINNED_UPDATE_COPY_RELEASES
-    if not sub_groups or installed is None or not low <= installed < high:
+    if not sub_groups or not _read_against(PINNED_UPDATE_COPY_RELEASES, version):
         return None
     halves = optimizer.fp16_partitioned_groups_flat
     staging = sum(halves[i].numel() * halves[i].element_size() for i in sub_groups)
