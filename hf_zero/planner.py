@@ -452,8 +452,8 @@ def sub_groups(partition: int, size: int = SUB_GROUP, param_sizes=(), ranks: int
     Given the weights' sizes in the model's order (ModelShape.param_sizes), as stage3.py's _create_fp16_sub_groups
     forms them for one parameter group (a preset's optimizer gets all parameters in one): each rank's share of one
     parameter after another, a sub-group closed once it reaches ``size`` (so an embedding larger than ``size`` is a
-    sub-group of its own), and what the sizes leave out (the norms) with the last one. A tied LM head is left out when the sizes would exceed the partition.
-    Without sizes, equal sub-groups of ``size``."""
+    sub-group of its own), and what the sizes leave out (the norms) with the last one. A tied LM head is left out
+    when the sizes would exceed the partition. Without sizes, equal sub-groups of ``size``."""
     shares = [-(-n // ranks) for n in param_sizes]
     if sum(shares) > partition:
         shares = shares[:-1]  # the LM head shares the embedding's weights
@@ -503,8 +503,8 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
         # transients add about as much again (34.34 GiB measured against 35.04 planned so)
         return torch_pinned(4 * partition) + torch_pinned(half * weights) + states
     # without offload_param, the flat gradient buffer in its 16-bit accumulation dtype, and at start-up its pageable
-    # original beside the pinned copy (1.35B at ratio 0 / 0.3 / 0.5: 8.47 / 13.15 / 18.05 GiB measured with the
-    # process, 8.5 / 13.2 / 16.5 planned)
+    # original beside the pinned copy; then the pinned update buffers (1.35B at ratio 0 / 0.1 / 0.2 / 0.3 with them:
+    # 8.47 / 11.27 / 13.15 / 13.92 GiB measured with the process, 8.5 / 10.1 / 11.9 / 13.8 planned)
     flat = torch_pinned(half * partition)
     staging = sum(torch_pinned(half * g) for g in on_host) if pinned_update_copy else 0
     return max(flat + states, flat + half * partition) + staging
@@ -654,6 +654,8 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)
     fp32_grad = 4 if half == 4 else half + 4
     host = nvme = 0
+    # the weights' sizes in the model's order, for the offload presets' buffers and sub-groups (not for an adapter)
+    sizes = model.param_sizes() if trained == psi else ()
     if setup == "ddp":
         phases = _plain_phases(model, run, psi, trained)
     elif setup in REDUCE_BUCKETS:
@@ -665,7 +667,6 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
                   "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
                                             "buffers": REDUCE_BUCKETS[setup] * bucket}}
         if setup == "zero2_offload":
-            sizes = model.param_sizes() if trained == psi else ()
             host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes,
                                        run.fp32_accumulation)
             if run.fp32_accumulation:
@@ -690,7 +691,6 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         else:
             phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
             placement = None
-            sizes = model.param_sizes() if trained == psi else ()
             if setup == "zero3_offload":
                 placement = run.zero3_placement
                 if not run.params_on_host:
