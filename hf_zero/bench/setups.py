@@ -202,6 +202,11 @@ def _callback_problem(option: str, value) -> str | None:
         if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             return f"callback.offload_threads must be auto or a thread count (0 leaves it), got {value!r}"
         return None
+    if option == "offload_step_chunk":
+        from ..engine_fixes import step_chunk_problem
+
+        problem = step_chunk_problem(value)
+        return f"callback.{problem}" if problem else None
     if not isinstance(value, bool):
         return f"callback.{option} must be true or false, got {value!r}"
     return None

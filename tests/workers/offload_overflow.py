@@ -3,7 +3,8 @@
 ``--preset`` picks the preset (zero2_offload by default); ``--params-on-gpu`` drops its ``offload_param``.
 ``--nan-step K`` turns every gradient of optimizer step K into NaN (a hook on the loss), as an fp16 overflow or a
 bad batch would; ``--keep-syncs`` attaches ZeroCallback with overlap_offload_copies=False (DeepSpeed as shipped).
-``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
+``--chunked-step N`` runs the ZeRO-1/2 offload step in chunks of N elements at train begin (the fix's gate
+leaves host-memory 16-bit partitions alone, so on a machine without a GPU it is forced here). ``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
 without a GPU the 16-bit partitions are in host memory too, where the fix itself stays out.
 Writes result.json (losses, grad norms, whether each fix was applied) and the final 16-bit weights
 (weights.safetensors, gathered under ZeRO-3).
@@ -37,6 +38,18 @@ class PinnedCopyEverywhere(TrainerCallback):
         copy_updates_through_pinned_memory(optimizer, self.sub_groups)
 
 
+class ChunkedStepEverywhere(TrainerCallback):
+    """At train begin, runs the ZeRO-1/2 offload step of every parameter group in chunks of ``chunk`` elements."""
+
+    def __init__(self, chunk: int):
+        self.trainer, self.chunk = None, chunk
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from hf_zero.engine_fixes import step_offloaded_groups_in_chunks
+
+        step_offloaded_groups_in_chunks(self.trainer.model_wrapped.optimizer, self.chunk)
+
+
 class NanGradientsAt(TrainerCallback):
     """Makes the loss of every micro-batch of optimizer step ``step`` (1-based) NaN, so all its gradients are."""
 
@@ -59,6 +72,8 @@ def main():
     p.add_argument("--preset", default="zero2_offload")
     p.add_argument("--params-on-gpu", action="store_true")
     p.add_argument("--pinned-copy", action="store_true")
+    p.add_argument("--chunked-step", type=int, default=0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
     opts = p.parse_args()
 
     config = json.loads(hf_zero.preset_path(opts.preset).read_text())
@@ -67,7 +82,7 @@ def main():
     args = hf_zero.TrainingArguments(output_dir=opts.out, deepspeed=config, per_device_train_batch_size=2,
                                      gradient_accumulation_steps=opts.accum, max_steps=opts.steps, learning_rate=1e-3,
                                      logging_steps=1, report_to=[], seed=0, save_strategy="no", disable_tqdm=True,
-                                     lr_scheduler_type="constant", max_grad_norm=1.0,
+                                     lr_scheduler_type="constant", max_grad_norm=opts.max_grad_norm,
                                      bf16=opts.bf16)
     model = AutoModelForCausalLM.from_pretrained(opts.model)
     nan_at = NanGradientsAt(opts.nan_step)
@@ -77,16 +92,18 @@ def main():
             loss = super().compute_loss(model, inputs, *a, **kw)
             return loss * float("nan") if nan_at.current == nan_at.step else loss
 
-    pinned = PinnedCopyEverywhere()
+    pinned, chunked = PinnedCopyEverywhere(), ChunkedStepEverywhere(opts.chunked_step)
     trainer = NanTrainer(model=model, args=args, train_dataset=RandomTokens("causal", model.config.vocab_size),
-                         callbacks=[nan_at] + ([pinned] if opts.pinned_copy else []))
-    pinned.trainer = trainer
+                         callbacks=[nan_at] + ([pinned] if opts.pinned_copy else [])
+                         + ([chunked] if opts.chunked_step else []))
+    pinned.trainer = chunked.trainer = trainer
     callback = hf_zero.attach(trainer, log_memory=False, overlap_offload_copies=not opts.keep_syncs)
     trainer.train()
     engine = trainer.model_wrapped
     # the instance attributes the fixes set
     fixed = "update_offload_overflow_tracker" in vars(engine.optimizer)
     pinned_copy = "_reassign_or_swap_out_partitioned_parameters" in vars(engine.optimizer)
+    chunked_step = "_optimizer_step" in vars(engine.optimizer)
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     if engine.zero_optimization_stage() == 3:
         weights = engine._zero3_consolidated_16bit_state_dict()
@@ -94,7 +111,7 @@ def main():
         weights = trainer.model.state_dict()
     weights = {k: v.detach().clone().contiguous() for k, v in weights.items()}
     save_file(weights, str(Path(opts.out) / "weights.safetensors"))
-    result = {"fixed": fixed, "pinned_copy": pinned_copy, "pinned_sub_groups": pinned.sub_groups,
+    result = {"fixed": fixed, "pinned_copy": pinned_copy, "chunked_step": chunked_step, "pinned_sub_groups": pinned.sub_groups,
               "losses": [e["loss"] for e in logs],
               "grad_norms": [None if e.get("grad_norm") is None or math.isnan(e["grad_norm"]) else e["grad_norm"]
                              for e in logs], "steps": trainer.state.global_step,

@@ -1,0 +1,119 @@
+"""ZeRO-1/2 with the optimizer offloaded: ZeroCallback runs the host's part of each optimizer step in chunks
+(hf_zero/engine_fixes.py), with the same bits as DeepSpeed's one pass, and only on DeepSpeed's own ZeRO-1/2 optimizer
+stepping DeepSpeedCPUAdam over pinned fp32 partitions whose 16-bit partitions are on an accelerator."""
+
+import pytest
+import torch
+
+from conftest import REPO, read_result, run_worker
+
+WORKER = REPO / "tests" / "workers" / "offload_overflow.py"
+
+
+@pytest.fixture(scope="module")
+def zero2_runs(tiny_models, tmp_path_factory):
+    """zero2_offload (2 micro-batches a step, 4 steps): as shipped, and with the chunked step forced on."""
+    cache = {}
+
+    def run(*flags):
+        if flags not in cache:
+            out = tmp_path_factory.mktemp("chunked-step")
+            run_worker(["--model", tiny_models["llama"], "--out", out, "--steps", "4", *flags], script=WORKER,
+                       timeout=600)
+            cache[flags] = out
+        return cache[flags]
+
+    return run
+
+
+def _same_weights(a_dir, b_dir) -> bool:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(a_dir / "weights.safetensors")), load_file(str(b_dir / "weights.safetensors"))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # real ZeRO-2 offload trainings with the CPU Adam, about 30 s each
+@pytest.mark.multiproc
+@pytest.mark.parametrize("flags", [("--bf16",), ("--bf16", "--max-grad-norm", "0"), ()],
+                         ids=["bf16 clipped", "bf16 unclipped", "fp32 clipped"])
+def test_a_real_zero2_engine_trains_the_same_bits_in_chunks(zero2_runs, flags):
+    # chunks of 4,096 elements: the tiny Llama's partition (about 74k elements) in many chunks, the last one partial
+    shipped, chunked = zero2_runs(*flags), zero2_runs(*flags, "--chunked-step", "4096")
+    a, b = read_result(shipped), read_result(chunked)
+    assert not a["chunked_step"] and b["chunked_step"]
+    assert len(a["losses"]) == 4 and a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"]
+    assert _same_weights(shipped, chunked)
+
+
+def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, adam=None, cls=None):
+    """DeepSpeed's ZeRO-1/2 optimizer class with only what the gate reads: one parameter group, its fp32 partition in
+    host memory, its 16-bit partition on ``half_device`` ("meta" stands for the GPU, which this machine lacks)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    cls = cls or DeepSpeedZeroOptimizer
+    optimizer = cls.__new__(cls)
+    optimizer.cpu_offload, optimizer.cpu_offload_pin_memory = True, pin_memory
+    optimizer.zenflow, optimizer.torch_autocast_gradscaler = zenflow, None
+    master = torch.nn.Parameter(torch.zeros(8))
+    optimizer.single_partition_of_fp32_groups = [master]
+    optimizer.parallel_partitioned_bit16_groups = [[torch.empty(8, dtype=torch.bfloat16, device=half_device)]]
+    optimizer.param_buffer_of_bit16_for_cpu_offload_groups = [torch.empty(8, dtype=torch.bfloat16)]
+    optimizer.optimizer = (adam or DeepSpeedCPUAdam)([master], lr=1e-3)
+    optimizer.reset_cpu_buffers = lambda: None
+    return optimizer
+
+
+def _fix(optimizer, version="0.19.8"):
+    from types import SimpleNamespace
+
+    from hf_zero.engine_fixes import zero2_offload_step_in_chunks
+
+    return zero2_offload_step_in_chunks(SimpleNamespace(optimizer=optimizer), version=version)
+
+
+def _replaced(optimizer) -> bool:
+    return "_optimizer_step" in vars(optimizer) and "unscale_and_clip_grads" in vars(optimizer)
+
+
+def test_applied_where_the_16_bit_partitions_are_on_the_accelerator():
+    optimizer = _stage2_optimizer()
+    assert "chunks of 1,048,576 elements" in _fix(optimizer) and _replaced(optimizer)
+
+
+@pytest.mark.parametrize("case", ["16-bit partitions in host memory", "pin_memory false", "zenflow", "torch adam",
+                                  "a subclass's own step", "release 0.19.7", "release 0.20.0"])
+def test_left_alone(case):
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    class OwnStep(DeepSpeedZeroOptimizer):
+        def step(self, closure=None):
+            return None
+
+    optimizer = _stage2_optimizer(half_device="cpu" if case.startswith("16-bit") else "meta",
+                                  pin_memory=case != "pin_memory false", zenflow=case == "zenflow",
+                                  adam=torch.optim.AdamW if case == "torch adam" else None,
+                                  cls=OwnStep if case == "a subclass's own step" else None)
+    assert _fix(optimizer, version=case.removeprefix("release ") if case.startswith("release") else "0.19.8") is None
+    assert not _replaced(optimizer)
+
+
+def test_left_alone_under_zero_3():
+    from types import SimpleNamespace
+
+    optimizer = SimpleNamespace(offload_optimizer=True, fp16_partitioned_groups_flat=[])
+    assert _fix(optimizer) is None
+
+
+@pytest.mark.parametrize("chunk, fires", [(0, False), (None, False), (4096, False), (1 << 20, False), (4095, True),
+                                          (-4096, True), (True, True), ("big", True)])
+def test_the_chunk_option(chunk, fires):
+    from hf_zero import ZeroCallback
+    from hf_zero.errors import ConfigError
+
+    if fires:
+        with pytest.raises(ConfigError, match="multiple of 4,096"):
+            ZeroCallback(offload_step_chunk=chunk)
+    else:
+        assert ZeroCallback(offload_step_chunk=chunk).options["offload_step_chunk"] == chunk
