@@ -54,13 +54,14 @@ def _no_host_test(grad) -> None:
 PINNED_UPDATE_COPY_RELEASES = (Version("0.19.8"), Version("0.20"))
 
 
-def offload_fixes_applied(engine, step_chunk: int | None = None) -> list[str]:
+def offload_fixes_applied(engine, step_in_forward: bool = False, step_chunk: int | None = None) -> list[str]:
     """Every fix of this module that the engine needs, applied; a note for each (to log at info level).
-    ``step_chunk``: elements per chunk of the ZeRO-1/2 offload step (OFFLOAD_STEP_CHUNK by default, 0 leaves
-    DeepSpeed's one pass over the partition)."""
-    step_chunk = OFFLOAD_STEP_CHUNK if step_chunk is None else step_chunk
+    ``step_in_forward``: on one GPU, finish ZeRO-1/2's offload step in the next forward, in chunks of ``step_chunk``
+    elements (OFFLOAD_STEP_CHUNK by default); the caller then calls ``finish_offload_step`` where the weights must be
+    final without a forward or a state_dict in between (ZeroCallback: at the end of training)."""
     notes = (offload_overflow_syncs_removed(engine), zero3_updates_copied_through_pinned_memory(engine),
-             zero2_offload_step_in_chunks(engine, chunk=step_chunk) if step_chunk else None)
+             zero2_offload_step_in_next_forward(engine, chunk=step_chunk or OFFLOAD_STEP_CHUNK)
+             if step_in_forward else None)
     return [note for note in notes if note]
 
 
@@ -154,42 +155,62 @@ def copy_updates_through_pinned_memory(optimizer, sub_groups: list[int]) -> None
 
 # The releases whose ZeRO-1/2 offload step (stage_1_and_2.py: step, unscale_and_clip_grads, _optimizer_step) and CPU
 # Adam (DeepSpeedCPUAdam.step, its C++ adam_update) this fix was read against and tested on
-CHUNKED_OFFLOAD_STEP_RELEASES = (Version("0.19.8"), Version("0.20"))
-# Elements per chunk of the chunked offload step: a multiple of every SIMD block DeepSpeed's Adam kernel rounds to
-# (so each element takes the same code path as in one whole call), small enough that a chunk's four fp32 arrays stay
-# in the host's caches between the unscale, the Adam update and the rounding
-OFFLOAD_STEP_CHUNK = 1 << 20
+STEP_IN_FORWARD_RELEASES = (Version("0.19.8"), Version("0.20"))
+# Elements per chunk of the offload step run in the forward: a multiple of every SIMD block DeepSpeed's Adam kernel
+# rounds to (so each element takes the same code path as in one whole call); fine enough that a layer of a 1B model
+# spans a dozen chunks, coarse enough that the few operations each chunk launches stay a small share of its time
+OFFLOAD_STEP_CHUNK = 1 << 22
 STEP_CHUNK_MULTIPLE = 4096
 
 
 def step_chunk_problem(chunk) -> str | None:
-    """Why ``chunk`` cannot be the ZeRO-1/2 offload step's chunk (None when it can): elements, a multiple of 4,096
-    (so chunk boundaries fall on the Adam kernel's SIMD blocks), or 0 for DeepSpeed's one pass."""
-    if chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0
+    """Why ``chunk`` cannot be the offload step's chunk (None when it can, or is None for the default): a positive
+    number of elements, a multiple of 4,096 (so chunk boundaries fall on the Adam kernel's SIMD blocks)."""
+    if chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0
                          and chunk % STEP_CHUNK_MULTIPLE == 0):
         return None
-    return (f"offload_step_chunk must be a number of elements that is a multiple of {STEP_CHUNK_MULTIPLE:,} (0 keeps "
-            f"DeepSpeed's one pass over the partition), got {chunk!r}. Fix: offload_step_chunk={OFFLOAD_STEP_CHUNK}.")
+    return (f"offload_step_chunk must be a positive number of elements, a multiple of {STEP_CHUNK_MULTIPLE:,}, got "
+            f"{chunk!r}. Fix: offload_step_chunk={OFFLOAD_STEP_CHUNK}, or offload_step_in_forward=False to keep "
+            "DeepSpeed's step.")
 
 
-def zero2_offload_step_in_chunks(engine, version: str | None = None, chunk: int = OFFLOAD_STEP_CHUNK) -> str | None:
-    """Under ZeRO-1/2 with the optimizer offloaded to pinned host memory and the 16-bit parameters on the GPU, run the
-    host's part of each optimizer step chunk by chunk and start each chunk's copy to the GPU as soon as it is
-    rounded; returns a note when it did, None when the engine does not need it.
+def zero2_offload_step_in_next_forward(engine, version: str | None = None,
+                                       chunk: int = OFFLOAD_STEP_CHUNK) -> str | None:
+    """On one GPU, under ZeRO-1/2 with the optimizer offloaded to pinned host memory, finish the host's part of each
+    optimizer step in the next forward, chunk by chunk, each chunk just before the layer whose weights it holds;
+    returns a note when it did, None when the engine does not need it.
 
-    DeepSpeed 0.19.8 makes four passes over the whole fp32 partition after the backward, each through host memory:
-    the gradient's unscale and clip, CPU Adam, the rounding into a pinned 16-bit buffer, and then the buffer's copy to
-    the GPU, which starts only when all of the rounding is done. In chunks the unscale, the update and the rounding
-    of one chunk run while its arrays are still in the host's caches, and the copies to the GPU overlap the next
-    chunks' updates. Every element goes through the same operations with the same operands (the same bits: the clip
-    factor is DeepSpeed's own, the Adam kernel is called on slices whose boundaries fall on its SIMD blocks).
-    The first step, which creates Adam's state, stays on DeepSpeed's path."""
+    DeepSpeed 0.19.8 runs the whole host step inside step() after the backward (the gradient's unscale and clip,
+    CPU Adam over the fp32 partition, the rounding into a pinned 16-bit buffer, its copy to the GPU), and the GPU
+    waits for all of it before the next forward starts (about 0.5 s for 1.35B parameters on a 16-core host). Here
+    step() computes the norm and the clip as before and leaves the update to the next forward: a pre-hook on each
+    module with trained parameters steps the chunks holding them, rounds them and starts their copy to the GPU, then
+    the module runs, so the host steps layer k+1 while the GPU computes layer k (offload_step.StepFinishedInForward).
+    Every element goes through the same operations with the same operands as in DeepSpeed's step (the same bits: the
+    clip factor is DeepSpeed's own, the Adam kernel is called on slices whose boundaries fall on its SIMD blocks, the
+    learning rate is the step's own). The weights and the optimizer's state are final when that forward ends, or
+    earlier when anything asks for a ``state_dict``, steps or saves; ``finish_offload_step(engine)`` finishes on
+    demand. The first step, which creates Adam's state, stays DeepSpeed's. Left alone on more than one rank (step()
+    gathers the updated partitions at once)."""
     optimizer = getattr(engine, "optimizer", None)
-    if not _plain_zero2_offload(optimizer) or not _read_against(CHUNKED_OFFLOAD_STEP_RELEASES, version):
+    if not _plain_zero2_offload(optimizer) or not _read_against(STEP_IN_FORWARD_RELEASES, version):
         return None
-    step_offloaded_groups_in_chunks(optimizer, chunk)
-    return ("ZeRO offload: the host's optimizer step (unscale, CPU Adam, rounding to 16 bits) runs in chunks of "
-            f"{chunk:,} elements, each chunk's copy to the GPU starting while the next is stepped.")
+    from .offload_step import step_offloaded_groups_in_chunks
+
+    module = getattr(engine, "module", None)
+    if module is None or any(count != 1 for count in optimizer.partition_count):  # ranks sharing each group
+        return None
+    optimizer.hf_zero_step_in_forward = step_offloaded_groups_in_chunks(optimizer, chunk, module)
+    return ("ZeRO offload on one GPU: the host's optimizer step (unscale, CPU Adam, rounding to 16 bits, the copy to "
+            f"the GPU) runs in the next forward, in chunks of {chunk:,} elements, each just before the layer that "
+            "needs it.")
+
+
+def finish_offload_step(engine) -> None:
+    """Finish an optimizer step that zero2_offload_step_in_next_forward left to the next forward (nothing if none)."""
+    later = getattr(getattr(engine, "optimizer", None), "hf_zero_step_in_forward", None)
+    if later is not None:
+        later.finish()
 
 
 def _plain_zero2_offload(optimizer) -> bool:
@@ -212,85 +233,3 @@ def _plain_zero2_offload(optimizer) -> bool:
         group["params"] == [master] and master.dtype == torch.float32 and
         optimizer.parallel_partitioned_bit16_groups[i][0].device.type != "cpu"
         for i, (group, master) in enumerate(zip(groups, optimizer.single_partition_of_fp32_groups)))
-
-
-def step_offloaded_groups_in_chunks(optimizer, chunk: int) -> None:
-    """Replaces the ZeRO-1/2 optimizer's ``unscale_and_clip_grads`` and ``_optimizer_step`` so that step() runs
-    each parameter group's host work in chunks (``step_partition_in_chunks``).
-
-    step() calls, for each group i: unscale_and_clip_grads([master_i.grad], norm), _optimizer_step(i), then rounds
-    master_i into the pinned buffer and copies the buffer to the GPU partition. The unscale is held back and
-    applied chunk by chunk inside _optimizer_step; afterwards, until step() has made its two copies, the group's
-    entries in ``single_partition_of_fp32_groups`` and ``param_buffer_of_bit16_for_cpu_offload_groups`` both name
-    the GPU partition, so those copies are of a tensor onto itself, which torch returns from at once."""
-    from deepspeed import comm as dist
-
-    unscale, optimizer_step = optimizer.unscale_and_clip_grads, optimizer._optimizer_step
-    masters, buffers = optimizer.single_partition_of_fp32_groups, optimizer.param_buffer_of_bit16_for_cpu_offload_groups
-    held_norms, lent = {}, {}  # group -> the norm its unscale was held with; group -> (master, buffer) lent out
-
-    def give_back():
-        for i, (master, buffer) in lent.items():
-            masters[i], buffers[i] = master, buffer
-        lent.clear()
-
-    def unscale_later(grad_groups_flat, total_norm):
-        give_back()
-        held = [i for i, master in enumerate(masters)
-                if len(grad_groups_flat) == 1 and grad_groups_flat[0] is master.grad]
-        if not held:
-            return unscale(grad_groups_flat, total_norm)
-        held_norms[held[0]] = total_norm
-
-    def step_group(group_no):
-        give_back()
-        master = masters[group_no]
-        adam_state = optimizer.optimizer.state[master]
-        held = group_no in held_norms
-        norm = held_norms.pop(group_no, None)
-        if not adam_state:  # the first step: DeepSpeed's CPU Adam creates the moments
-            if held:
-                unscale([master.grad], norm)
-            return optimizer_step(group_no)
-        # the factor DeepSpeed's unscale multiplies by, read off a probe of 1.0
-        factor = None
-        if held and not (optimizer.clip_grad == 0.0 and optimizer.loss_scale == 1.0):
-            probe = torch.ones((), dtype=master.grad.dtype)
-            unscale([probe], norm)
-            factor = probe
-        partition_id = dist.get_rank(group=optimizer.real_dp_process_group[group_no])
-        target = optimizer.parallel_partitioned_bit16_groups[group_no][partition_id]
-        step_partition_in_chunks(optimizer.optimizer, optimizer.optimizer.param_groups[group_no], master,
-                                 buffers[group_no], target, factor, chunk)
-        optimizer._lazy_init_hp_params_optimizer_state()
-        lent[group_no] = (master, buffers[group_no])
-        masters[group_no] = buffers[group_no] = target
-
-    optimizer.unscale_and_clip_grads, optimizer._optimizer_step = unscale_later, step_group
-    # step() ends its offload branch with reset_cpu_buffers(): the lists are whole again before anything else reads them
-    reset = optimizer.reset_cpu_buffers
-
-    def reset_cpu_buffers():
-        give_back()
-        return reset()
-
-    optimizer.reset_cpu_buffers = reset_cpu_buffers
-
-
-def step_partition_in_chunks(adam, group: dict, master, staging, target, factor, chunk: int) -> None:
-    """One DeepSpeedCPUAdam step of the fp32 partition ``master`` (its gradient in ``master.grad``), ``chunk``
-    elements at a time: the gradient chunk multiplied by ``factor`` (None: left as is), the Adam update, the rounding
-    into ``staging`` (pinned, 16-bit) and a non-blocking copy of it into ``target``. Adam's state must exist."""
-    state = adam.state[master]
-    state["step"] += 1
-    beta1, beta2 = group["betas"]
-    grad = master.grad
-    for start in range(0, master.numel(), chunk):
-        piece = slice(start, start + chunk)
-        if factor is not None:
-            grad.data[piece].mul_(factor)
-        adam.ds_opt_adam.adam_update(adam.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
-                                     group["weight_decay"], group["bias_correction"], master.data[piece],
-                                     grad.data[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece])
-        staging[piece].copy_(master.data[piece])
-        target[piece].copy_(staging[piece], non_blocking=True)

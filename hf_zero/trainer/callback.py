@@ -18,7 +18,7 @@ from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_set
 from ..config.validate import check_config
 from ..distributed import barrier, from_rank0, gpu_memory_bytes, has_gpu, world_size
 from ..engine_checks import engine_problems, layout_problems, parallel_sizes, training_alone
-from ..engine_fixes import offload_fixes_applied, step_chunk_problem
+from ..engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
 from ..offload_threads import AUTO, threads_for_offload
@@ -111,9 +111,10 @@ class ZeroCallback(TrainerCallback, ExportableState):
     At train begin: DeepSpeed really drives the model, on the launched world size, and stage-3
     parameters are partitioned; otherwise ConfigError before the first step. Under ZeRO-1/2 with the optimizer
     offloaded, DeepSpeed's per-parameter host test for inf/NaN gradients (a synchronization per parameter) is left
-    out; the gradient norm catches the same overflows, and the host's optimizer step runs in chunks, each chunk's
-    copy to the GPU overlapping the next chunk's update (``offload_step_chunk``: elements per chunk, 0 for
-    DeepSpeed's one pass). Under ZeRO-3 with the optimizer offloaded and the 16-bit parameters on the GPU, each
+    out; the gradient norm catches the same overflows. On one GPU the host's optimizer step runs in the next forward,
+    in chunks (``offload_step_chunk`` elements), each just before the layer whose weights it updates, so the host and
+    the GPU work at once (``offload_step_in_forward=False`` keeps DeepSpeed's step; the weights are final at train
+    end, and whenever a state_dict or a save asks). Under ZeRO-3 with the optimizer offloaded and the 16-bit parameters on the GPU, each
     updated sub-group reaches the GPU through a pinned buffer instead of a synchronous copy from pageable memory
     (``overlap_offload_copies=False`` keeps DeepSpeed's own paths for all three).
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
@@ -125,7 +126,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
-                 offload_step_chunk: int | None = None):
+                 offload_step_chunk: int | None = None, offload_step_in_forward: bool = True):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
@@ -134,6 +135,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if step_chunk_problem(offload_step_chunk):
             raise ConfigError(step_chunk_problem(offload_step_chunk))
         self.offload_step_chunk = offload_step_chunk
+        self.offload_step_in_forward = offload_step_in_forward
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.stage = None
@@ -147,6 +149,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
                 "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
                 "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
+                "offload_step_in_forward": self.offload_step_in_forward,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -350,7 +353,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(problems)
         if gradient_checkpointing_on(args) and getattr(model.config, "use_cache", None):
             model.config.use_cache = False  # a KV cache is useless while checkpointing and warns every step
-        self.engine_fixes = offload_fixes_applied(self.trainer.model_wrapped, self.offload_step_chunk) if self.overlap_offload_copies else []
+        in_forward = self.offload_step_in_forward and not args.torch_compile  # compile would trace its hooks
+        self.engine_fixes = offload_fixes_applied(self.trainer.model_wrapped, in_forward,
+                                                  self.offload_step_chunk) if self.overlap_offload_copies else []
         for note in self.engine_fixes if state.is_world_process_zero else []:
             logger.info("hf_zero: %s", note)
         if state.is_world_process_zero:
@@ -396,6 +401,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.trainer is not None:  # the last step's weights, final before anyone reads them
+            finish_offload_step(self.trainer.model_wrapped)
         # So the final save_model() writes a model that generates with a cache.
         if self._saved_use_cache is not None and model is not None:
             model.config.use_cache = self._saved_use_cache

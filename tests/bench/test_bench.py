@@ -324,7 +324,7 @@ def test_variant_parsing():
     assert known["fsdp"].data == {}
     assert parse_variant("f=zero3:lora.r=8,callback.cast_adapters=false", known).callback == {"cast_adapters": False}
     assert parse_variant("f=zero3:callback.offload_threads=0", known).callback == {"offload_threads": 0}
-    assert parse_variant("f=zero2:callback.offload_step_chunk=0", known).callback == {"offload_step_chunk": 0}
+    assert parse_variant("f=zero2:callback.offload_step_chunk=8192", known).callback == {"offload_step_chunk": 8192}
     assert known["zero3"].callback == {}
     for bad, words in (("noequals", "NAME=BASE"), ("x=zero7", "unknown base"), ("zero2=zero3", "already a setup"),
                        ("a/b=zero3", "may only use"), ("z=zero3:zero_optimization.stage=3,oops", "comma inside"),

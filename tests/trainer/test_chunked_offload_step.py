@@ -18,7 +18,9 @@ def zero2_runs(tiny_models, tmp_path_factory):
     def run(*flags):
         if flags not in cache:
             out = tmp_path_factory.mktemp("chunked-step")
-            run_worker(["--model", tiny_models["llama"], "--out", out, "--steps", "4", *flags], script=WORKER,
+            model = tiny_models[flags[flags.index("--model") + 1]] if "--model" in flags else tiny_models["llama"]
+            flags_without_model = [f for i, f in enumerate(flags) if "--model" not in flags[max(i - 1, 0):i + 1]]
+            run_worker(["--model", model, "--out", out, "--steps", "4", *flags_without_model], script=WORKER,
                        timeout=600)
             cache[flags] = out
         return cache[flags]
@@ -35,18 +37,21 @@ def _same_weights(a_dir, b_dir) -> bool:
 
 @pytest.mark.slow  # real ZeRO-2 offload trainings with the CPU Adam, about 30 s each
 @pytest.mark.multiproc
-@pytest.mark.parametrize("flags", [("--bf16",), ("--bf16", "--max-grad-norm", "0"), ()],
-                         ids=["bf16 clipped", "bf16 unclipped", "fp32 clipped"])
+@pytest.mark.parametrize("flags", [("--bf16",), ("--bf16", "--max-grad-norm", "0"), (),
+                                   ("--bf16", "--in-forward"), ("--bf16", "--in-forward", "--model", "gpt2")],
+                         ids=["bf16 clipped", "bf16 unclipped", "fp32 clipped", "in the next forward",
+                              "in the next forward, tied embeddings"])
 def test_a_real_zero2_engine_trains_the_same_bits_in_chunks(zero2_runs, flags):
     # chunks of 4,096 elements: the tiny Llama's partition (about 74k elements) in many chunks, the last one partial
-    shipped, chunked = zero2_runs(*flags), zero2_runs(*flags, "--chunked-step", "4096")
+    base = tuple(f for f in flags if f != "--in-forward")
+    shipped, chunked = zero2_runs(*base), zero2_runs(*flags, "--chunked-step", "4096")
     a, b = read_result(shipped), read_result(chunked)
-    assert not a["chunked_step"] and b["chunked_step"]
+    assert not a["chunked_step"] and b["chunked_step"] and b["in_forward"] == ("--in-forward" in flags)
     assert len(a["losses"]) == 4 and a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"]
     assert _same_weights(shipped, chunked)
 
 
-def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, adam=None, cls=None):
+def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, adam=None, cls=None, ranks=1):
     """DeepSpeed's ZeRO-1/2 optimizer class with only what the gate reads: one parameter group, its fp32 partition in
     host memory, its 16-bit partition on ``half_device`` ("meta" stands for the GPU, which this machine lacks)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -62,15 +67,19 @@ def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, ada
     optimizer.param_buffer_of_bit16_for_cpu_offload_groups = [torch.empty(8, dtype=torch.bfloat16)]
     optimizer.optimizer = (adam or DeepSpeedCPUAdam)([master], lr=1e-3)
     optimizer.reset_cpu_buffers = lambda: None
+    optimizer.partition_count = [ranks]
+    optimizer.bit16_groups = [[]]
+    optimizer.bit16_groups_flat = [torch.empty(8, dtype=torch.bfloat16)]
     return optimizer
 
 
 def _fix(optimizer, version="0.19.8"):
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import zero2_offload_step_in_chunks
+    from hf_zero.engine_fixes import zero2_offload_step_in_next_forward
 
-    return zero2_offload_step_in_chunks(SimpleNamespace(optimizer=optimizer), version=version)
+    module = torch.nn.Linear(2, 2)
+    return zero2_offload_step_in_next_forward(SimpleNamespace(optimizer=optimizer, module=module), version=version)
 
 
 def _replaced(optimizer) -> bool:
@@ -79,11 +88,12 @@ def _replaced(optimizer) -> bool:
 
 def test_applied_where_the_16_bit_partitions_are_on_the_accelerator():
     optimizer = _stage2_optimizer()
-    assert "chunks of 1,048,576 elements" in _fix(optimizer) and _replaced(optimizer)
+    assert "chunks of 4,194,304 elements" in _fix(optimizer) and _replaced(optimizer)
+    assert optimizer.hf_zero_step_in_forward is not None
 
 
 @pytest.mark.parametrize("case", ["16-bit partitions in host memory", "pin_memory false", "zenflow", "torch adam",
-                                  "a subclass's own step", "release 0.19.7", "release 0.20.0"])
+                                  "a subclass's own step", "two ranks", "release 0.19.7", "release 0.20.0"])
 def test_left_alone(case):
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
@@ -94,7 +104,8 @@ def test_left_alone(case):
     optimizer = _stage2_optimizer(half_device="cpu" if case.startswith("16-bit") else "meta",
                                   pin_memory=case != "pin_memory false", zenflow=case == "zenflow",
                                   adam=torch.optim.AdamW if case == "torch adam" else None,
-                                  cls=OwnStep if case == "a subclass's own step" else None)
+                                  cls=OwnStep if case == "a subclass's own step" else None,
+                                  ranks=2 if case == "two ranks" else 1)
     assert _fix(optimizer, version=case.removeprefix("release ") if case.startswith("release") else "0.19.8") is None
     assert not _replaced(optimizer)
 
@@ -106,7 +117,7 @@ def test_left_alone_under_zero_3():
     assert _fix(optimizer) is None
 
 
-@pytest.mark.parametrize("chunk, fires", [(0, False), (None, False), (4096, False), (1 << 20, False), (4095, True),
+@pytest.mark.parametrize("chunk, fires", [(None, False), (4096, False), (1 << 22, False), (0, True), (4095, True),
                                           (-4096, True), (True, True), ("big", True)])
 def test_the_chunk_option(chunk, fires):
     from hf_zero import ZeroCallback

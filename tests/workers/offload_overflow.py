@@ -4,7 +4,9 @@
 ``--nan-step K`` turns every gradient of optimizer step K into NaN (a hook on the loss), as an fp16 overflow or a
 bad batch would; ``--keep-syncs`` attaches ZeroCallback with overlap_offload_copies=False (DeepSpeed as shipped).
 ``--chunked-step N`` runs the ZeRO-1/2 offload step in chunks of N elements at train begin (the fix's gate
-leaves host-memory 16-bit partitions alone, so on a machine without a GPU it is forced here). ``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
+leaves host-memory 16-bit partitions alone, so on a machine without a GPU it is forced here), ``--in-forward`` in
+the next forward; the ZeRO-1/2 weights are then read from the parameters (not a state_dict, which would finish a
+held step itself), so they show that ZeroCallback finished the last step at train end. ``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
 without a GPU the 16-bit partitions are in host memory too, where the fix itself stays out.
 Writes result.json (losses, grad norms, whether each fix was applied) and the final 16-bit weights
 (weights.safetensors, gathered under ZeRO-3).
@@ -39,15 +41,18 @@ class PinnedCopyEverywhere(TrainerCallback):
 
 
 class ChunkedStepEverywhere(TrainerCallback):
-    """At train begin, runs the ZeRO-1/2 offload step of every parameter group in chunks of ``chunk`` elements."""
+    """At train begin, runs the ZeRO-1/2 offload step of every parameter group in chunks of ``chunk`` elements,
+    with ``in_forward`` in the next forward."""
 
-    def __init__(self, chunk: int):
-        self.trainer, self.chunk = None, chunk
+    def __init__(self, chunk: int, in_forward: bool):
+        self.trainer, self.chunk, self.in_forward = None, chunk, in_forward
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from hf_zero.engine_fixes import step_offloaded_groups_in_chunks
+        from hf_zero.offload_step import step_offloaded_groups_in_chunks
 
-        step_offloaded_groups_in_chunks(self.trainer.model_wrapped.optimizer, self.chunk)
+        engine = self.trainer.model_wrapped
+        engine.optimizer.hf_zero_step_in_forward = step_offloaded_groups_in_chunks(
+            engine.optimizer, self.chunk, engine.module if self.in_forward else None)
 
 
 class NanGradientsAt(TrainerCallback):
@@ -73,6 +78,7 @@ def main():
     p.add_argument("--params-on-gpu", action="store_true")
     p.add_argument("--pinned-copy", action="store_true")
     p.add_argument("--chunked-step", type=int, default=0)
+    p.add_argument("--in-forward", action="store_true")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     opts = p.parse_args()
 
@@ -92,7 +98,7 @@ def main():
             loss = super().compute_loss(model, inputs, *a, **kw)
             return loss * float("nan") if nan_at.current == nan_at.step else loss
 
-    pinned, chunked = PinnedCopyEverywhere(), ChunkedStepEverywhere(opts.chunked_step)
+    pinned, chunked = PinnedCopyEverywhere(), ChunkedStepEverywhere(opts.chunked_step, opts.in_forward)
     trainer = NanTrainer(model=model, args=args, train_dataset=RandomTokens("causal", model.config.vocab_size),
                          callbacks=[nan_at] + ([pinned] if opts.pinned_copy else [])
                          + ([chunked] if opts.chunked_step else []))
@@ -104,14 +110,15 @@ def main():
     fixed = "update_offload_overflow_tracker" in vars(engine.optimizer)
     pinned_copy = "_reassign_or_swap_out_partitioned_parameters" in vars(engine.optimizer)
     chunked_step = "_optimizer_step" in vars(engine.optimizer)
+    in_forward = getattr(engine.optimizer, "hf_zero_step_in_forward", None) is not None
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     if engine.zero_optimization_stage() == 3:
         weights = engine._zero3_consolidated_16bit_state_dict()
     else:
-        weights = trainer.model.state_dict()
+        weights = dict(trainer.model.named_parameters())
     weights = {k: v.detach().clone().contiguous() for k, v in weights.items()}
     save_file(weights, str(Path(opts.out) / "weights.safetensors"))
-    result = {"fixed": fixed, "pinned_copy": pinned_copy, "chunked_step": chunked_step, "pinned_sub_groups": pinned.sub_groups,
+    result = {"fixed": fixed, "pinned_copy": pinned_copy, "chunked_step": chunked_step, "in_forward": in_forward, "pinned_sub_groups": pinned.sub_groups,
               "losses": [e["loss"] for e in logs],
               "grad_norms": [None if e.get("grad_norm") is None or math.isnan(e["grad_norm"]) else e["grad_norm"]
                              for e in logs], "steps": trainer.state.global_step,

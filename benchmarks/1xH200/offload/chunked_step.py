@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from hf_zero.engine_fixes import step_partition_in_chunks
+from hf_zero.offload_step import step_partition_in_chunks
 
 
 def synchronize():
