@@ -26,6 +26,7 @@ _PUBLIC = {
     "ConfigError": "errors",
     "convert_to_universal": "checkpoints.resume",
     "export": "checkpoints.export",
+    "finish_offload_step": "engine_fixes",
     "enable_long_context": "long_context",
     "Finding": "config.findings",
     "from_pretrained": "zero3.loading",

@@ -207,7 +207,9 @@ def zero2_offload_step_in_next_forward(engine, version: str | None = None,
 
 
 def finish_offload_step(engine) -> None:
-    """Finish an optimizer step that zero2_offload_step_in_next_forward left to the next forward (nothing if none)."""
+    """Finish an optimizer step that zero2_offload_step_in_next_forward left to the next forward (nothing if none):
+    the weights and the optimizer's state are then final. ``engine`` may be the DeepSpeed engine or a Trainer."""
+    engine = getattr(engine, "model_wrapped", engine)
     later = getattr(getattr(engine, "optimizer", None), "hf_zero_step_in_forward", None)
     if later is not None:
         later.finish()
