@@ -59,9 +59,10 @@ class StepFinishedInForward:
     trained parameters steps the chunks that hold them before the module runs, so the host steps layer k+1 while the
     GPU computes layer k. On one GPU only: the 16-bit partition is the whole model there, and nothing gathers it.
 
-    Everything that reads the weights or the optimizer's state outside a forward finishes the step first: the end of
-    the model's forward, ``state_dict()`` of any hooked module, and the optimizer's ``state_dict``,
-    ``load_state_dict`` and ``step``; ``finish()`` does it on demand (ZeroCallback calls it at train end)."""
+    Everything that reads or replaces the weights or the optimizer's state outside a forward finishes the step
+    first: the end of the model's forward, ``state_dict()`` and ``load_state_dict()`` of the model or a hooked
+    module, and the optimizer's ``state_dict``, ``load_state_dict`` and ``step``; ``finish()`` does it on demand
+    (ZeroCallback calls it at train end)."""
 
     def __init__(self, optimizer, module):
         self.pending = {}  # parameter group -> GroupStepInChunks not yet finished
@@ -80,9 +81,11 @@ class StepFinishedInForward:
                     needs[group] = max(needs.get(group, 0), end)
             if needs:
                 self.handles.append(submodule.register_forward_pre_hook(functools.partial(self._run_for, needs)))
+            if needs or submodule is module:
+                # reading the weights finishes the step; so does loading them, or the held step would overwrite them
                 self.handles.append(submodule.register_state_dict_pre_hook(self._finish_hook))
+                self.handles.append(submodule.register_load_state_dict_pre_hook(self._finish_hook))
         self.handles.append(module.register_forward_hook(self._finish_hook))
-        self.handles.append(module.register_state_dict_pre_hook(self._finish_hook))
         for name in ("state_dict", "load_state_dict", "step"):
             setattr(optimizer, name, self._finishing_first(getattr(optimizer, name)))
 

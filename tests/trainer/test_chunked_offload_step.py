@@ -128,3 +128,102 @@ def test_the_chunk_option(chunk, fires):
             ZeroCallback(offload_step_chunk=chunk)
     else:
         assert ZeroCallback(offload_step_chunk=chunk).options["offload_step_chunk"] == chunk
+
+
+class _Flat:
+    """What StepFinishedInForward reads of a ZeRO-1/2 optimizer, over a real model: its parameters as views of one
+    flat 16-bit buffer (as DeepSpeed lays them out), a fp32 master copy with a gradient, and DeepSpeedCPUAdam after
+    a first step (the moments exist)."""
+
+    def __init__(self, model):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        params = list(model.parameters())
+        self.flat = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.bfloat16)
+        start = 0
+        for p in params:
+            p.data = self.flat[start:start + p.numel()].view_as(p)
+            start += p.numel()
+        self.bit16_groups, self.bit16_groups_flat = [params], [self.flat]
+        self.master = torch.nn.Parameter(self.flat.float())
+        self.master.grad = torch.linspace(-1, 1, self.master.numel())
+        self.adam = DeepSpeedCPUAdam([self.master], lr=1e-2)
+        self.adam.step()
+        self.calls = []
+
+    def state_dict(self):
+        self.calls.append("state_dict")
+        return {}
+
+    def load_state_dict(self, state):
+        self.calls.append("load_state_dict")
+
+    def step(self):
+        self.calls.append("step")
+
+    def hold_a_step(self, later):
+        from hf_zero.offload_step import GroupStepInChunks
+
+        staging = torch.empty_like(self.flat)
+        later.hold(0, GroupStepInChunks(self.adam, self.adam.param_groups[0], self.master, staging, self.flat, None,
+                                        4096))
+
+    def updated(self):
+        """The 16-bit weights one more step gives, computed apart."""
+        import copy
+
+        twin = copy.deepcopy(self.adam.state[self.master])
+        master = self.master.detach().clone()
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        param = torch.nn.Parameter(master)
+        param.grad = self.master.grad.clone()
+        adam = DeepSpeedCPUAdam([param], lr=1e-2)
+        adam.state[param] = twin
+        adam.step()
+        return param.detach().to(torch.bfloat16)
+
+
+def _held(layers=3):
+    from hf_zero.offload_step import StepFinishedInForward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(layers)])  # 12,480 elements: 4 chunks
+    optimizer = _Flat(model)
+    later = StepFinishedInForward(optimizer, model)
+    expected = optimizer.updated()
+    optimizer.hold_a_step(later)
+    return model, optimizer, later, expected
+
+
+def test_each_layer_runs_on_its_updated_weights_and_the_forward_ends_the_step():
+    model, optimizer, later, expected = _held()
+    seen = []
+    for layer in model:
+        # runs after StepFinishedInForward's pre-hook (hooks run in the order they were registered)
+        layer.register_forward_pre_hook(lambda m, args: seen.append(
+            (m.weight.clone(), later.pending[0].done if later.pending else None)))
+    before = optimizer.flat.clone()
+    model(torch.ones(1, 64, dtype=torch.bfloat16))
+    for (weight, _), layer in zip(seen, model):
+        start = (layer.weight.data_ptr() - optimizer.flat.data_ptr()) // 2
+        assert torch.equal(weight.reshape(-1), expected[start:start + weight.numel()])  # updated before it ran
+    assert 0 < seen[0][1] < optimizer.flat.numel()  # as the first layer ran, the rest was still held
+    assert not later.pending and torch.equal(optimizer.flat, expected) and not torch.equal(before, expected)
+
+
+@pytest.mark.parametrize("reader", ["model state_dict", "layer state_dict", "model load_state_dict",
+                                    "optimizer state_dict", "optimizer load_state_dict", "optimizer step", "finish"])
+def test_reading_or_replacing_the_weights_finishes_a_held_step_first(reader):
+    model, optimizer, later, expected = _held()
+    if reader == "model load_state_dict":
+        saved = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}  # finishes the step...
+        optimizer.hold_a_step(later)  # ...so hold another, which loading must not let overwrite the loaded weights
+        model.load_state_dict(saved)
+        assert not later.pending and all(not p.any() for p in model.parameters())
+        return
+    {"model state_dict": lambda: model.state_dict(), "layer state_dict": lambda: model[2].state_dict(),
+     "optimizer state_dict": lambda: optimizer.state_dict(), "optimizer load_state_dict": lambda: optimizer.load_state_dict({}),
+     "optimizer step": lambda: optimizer.step(), "finish": later.finish}[reader]()
+    assert not later.pending and torch.equal(optimizer.flat, expected)
+    assert optimizer.calls in ([], [reader.split()[-1]])
