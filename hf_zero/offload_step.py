@@ -3,8 +3,9 @@ forward. engine_fixes decides where this applies; this module does it.
 
 DeepSpeed 0.19.8's step() calls, for each parameter group i: ``unscale_and_clip_grads([master_i.grad], norm)``, then
 ``_optimizer_step(i)`` (DeepSpeedCPUAdam over the whole fp32 partition), then rounds ``master_i`` into a pinned 16-bit
-buffer and copies the buffer to the GPU partition. Here the unscale is held back and applied chunk by chunk inside
-``_optimizer_step``, where each chunk is unscaled, updated, rounded and copied in turn (``GroupStepInChunks``).
+buffer and copies the buffer to the GPU partition. Here the unscale is held back and ``_optimizer_step`` makes a
+``GroupStepInChunks``, which unscales, updates, rounds and copies one chunk at a time: at once, or on one GPU in the
+next forward, chunk by chunk before the layers that need them (``StepFinishedInForward``).
 """
 
 import functools

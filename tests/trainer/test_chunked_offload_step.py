@@ -52,6 +52,7 @@ def test_a_real_zero2_engine_trains_the_same_bits_in_chunks(zero2_runs, flags):
 
 
 def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, adam=None, cls=None, ranks=1):
+    # adam: an optimizer class to build over the master (DeepSpeedCPUAdam, uninitialized, by default)
     """DeepSpeed's ZeRO-1/2 optimizer class with only what the gate reads: one parameter group, its fp32 partition in
     host memory, its 16-bit partition on ``half_device`` ("meta" stands for the GPU, which this machine lacks)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -65,7 +66,12 @@ def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, ada
     optimizer.single_partition_of_fp32_groups = [master]
     optimizer.parallel_partitioned_bit16_groups = [[torch.empty(8, dtype=torch.bfloat16, device=half_device)]]
     optimizer.param_buffer_of_bit16_for_cpu_offload_groups = [torch.empty(8, dtype=torch.bfloat16)]
-    optimizer.optimizer = (adam or DeepSpeedCPUAdam)([master], lr=1e-3)
+    if adam is None:  # the class without its C++ op, whose first build takes most of a minute
+        adam = DeepSpeedCPUAdam.__new__(DeepSpeedCPUAdam)
+        adam.param_groups = [{"params": [master]}]
+    else:
+        adam = adam([master], lr=1e-3)
+    optimizer.optimizer = adam
     optimizer.reset_cpu_buffers = lambda: None
     optimizer.partition_count = [ranks]
     optimizer.bit16_groups = [[]]
@@ -196,6 +202,7 @@ def _held(layers=3):
     return model, optimizer, later, expected
 
 
+@pytest.mark.slow  # builds DeepSpeed's CPU Adam op (most of a minute the first time)
 def test_each_layer_runs_on_its_updated_weights_and_the_forward_ends_the_step():
     model, optimizer, later, expected = _held()
     seen = []
@@ -212,6 +219,7 @@ def test_each_layer_runs_on_its_updated_weights_and_the_forward_ends_the_step():
     assert not later.pending and torch.equal(optimizer.flat, expected) and not torch.equal(before, expected)
 
 
+@pytest.mark.slow  # builds DeepSpeed's CPU Adam op (most of a minute the first time)
 @pytest.mark.parametrize("reader", ["model state_dict", "layer state_dict", "model load_state_dict",
                                     "optimizer state_dict", "optimizer load_state_dict", "optimizer step", "finish"])
 def test_reading_or_replacing_the_weights_finishes_a_held_step_first(reader):
