@@ -773,7 +773,7 @@ class Plan:
 
 # Measured on one H200 (benchmarks/1xH200/offload, 1.35B, 65,536 tokens per optimizer step): ZeRO-3 with 30% of its
 # optimizer on the host and the parameters on the GPU ran 38,801 tokens/s (93% of the plain Trainer) with ZeroCallback's
-# pinned update copy, zero2_offload 36,408 (its step in the next forward), zero3_offload 31,361; with 50% on the host
+# pinned update copy, zero2_offload 38,374 (its step in the next forward), zero3_offload 31,361; with 50% on the host
 # it ran 29,818 without the pinned copy (30% ran 34,413 so), no faster than the preset. The plan offers the split up to
 # 30%.
 PARTIAL_OFFLOAD_MOST_ON_HOST = 0.3
