@@ -67,7 +67,6 @@ class StepFinishedInForward:
 
     def __init__(self, optimizer, module):
         self.pending = {}  # parameter group -> GroupStepInChunks not yet finished
-        self.handles = []
         ends = {}  # id(parameter) -> (its group, the end of its elements in the group's flat 16-bit buffer)
         for i, params in enumerate(optimizer.bit16_groups):
             flat = optimizer.bit16_groups_flat[i]
@@ -81,12 +80,12 @@ class StepFinishedInForward:
                     group, end = ends[id(param)]
                     needs[group] = max(needs.get(group, 0), end)
             if needs:
-                self.handles.append(submodule.register_forward_pre_hook(functools.partial(self._run_for, needs)))
+                submodule.register_forward_pre_hook(functools.partial(self._run_for, needs))
             if needs or submodule is module:
                 # reading the weights finishes the step; so does loading them, or the held step would overwrite them
-                self.handles.append(submodule.register_state_dict_pre_hook(self._finish_hook))
-                self.handles.append(submodule.register_load_state_dict_pre_hook(self._finish_hook))
-        self.handles.append(module.register_forward_hook(self._finish_hook))
+                submodule.register_state_dict_pre_hook(self._finish_hook)
+                submodule.register_load_state_dict_pre_hook(self._finish_hook)
+        module.register_forward_hook(self._finish_hook)
         for name in ("state_dict", "load_state_dict", "step"):
             setattr(optimizer, name, self._finishing_first(getattr(optimizer, name)))
 

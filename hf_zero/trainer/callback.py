@@ -114,9 +114,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     out; the gradient norm catches the same overflows. On one GPU the host's optimizer step runs in the next forward,
     in chunks (``offload_step_chunk`` elements), each just before the layer whose weights it updates, so the host and
     the GPU work at once (``offload_step_in_forward=False`` keeps DeepSpeed's step; the weights are final at train
-    end, and whenever a state_dict or a save asks). Under ZeRO-3 with the optimizer offloaded and the 16-bit parameters on the GPU, each
-    updated sub-group reaches the GPU through a pinned buffer instead of a synchronous copy from pageable memory
-    (``overlap_offload_copies=False`` keeps DeepSpeed's own paths for all three).
+    end, and whenever a state_dict or a save asks). Under ZeRO-3 with the optimizer offloaded and the 16-bit
+    parameters on the GPU, each updated sub-group reaches the GPU through a pinned buffer instead of a synchronous
+    copy from pageable memory (``overlap_offload_copies=False`` keeps DeepSpeed's own paths for all three).
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
@@ -132,8 +132,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
         self.cast_adapters = cast_adapters
         self.overlap_offload_copies = overlap_offload_copies
         self.offload_threads = offload_threads
-        if step_chunk_problem(offload_step_chunk):
-            raise ConfigError(step_chunk_problem(offload_step_chunk))
+        chunk_problem = step_chunk_problem(offload_step_chunk)
+        if chunk_problem:
+            raise ConfigError(chunk_problem)
         self.offload_step_chunk = offload_step_chunk
         self.offload_step_in_forward = offload_step_in_forward
         self.long_context = LongContext.from_option(long_context)

@@ -231,7 +231,8 @@ def test_reading_or_replacing_the_weights_finishes_a_held_step_first(reader):
         assert not later.pending and all(not p.any() for p in model.parameters())
         return
     {"model state_dict": lambda: model.state_dict(), "layer state_dict": lambda: model[2].state_dict(),
-     "optimizer state_dict": lambda: optimizer.state_dict(), "optimizer load_state_dict": lambda: optimizer.load_state_dict({}),
+     "optimizer state_dict": lambda: optimizer.state_dict(),
+     "optimizer load_state_dict": lambda: optimizer.load_state_dict({}),
      "optimizer step": lambda: optimizer.step(), "finish": later.finish}[reader]()
     assert not later.pending and torch.equal(optimizer.flat, expected)
     assert optimizer.calls in ([], [reader.split()[-1]])

@@ -6,8 +6,9 @@ bad batch would; ``--keep-syncs`` attaches ZeroCallback with overlap_offload_cop
 ``--chunked-step N`` runs the ZeRO-1/2 offload step in chunks of N elements at train begin (the fix's gate
 leaves host-memory 16-bit partitions alone, so on a machine without a GPU it is forced here), ``--in-forward`` in
 the next forward; the ZeRO-1/2 weights are then read from the parameters (not a state_dict, which would finish a
-held step itself), so they show that ZeroCallback finished the last step at train end. ``--pinned-copy`` puts the ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine
-without a GPU the 16-bit partitions are in host memory too, where the fix itself stays out.
+held step itself), so they show that ZeroCallback finished the last step at train end. ``--pinned-copy`` puts the
+ZeRO-3 pinned update copy on every host-stepped sub-group at train begin: on a machine without a GPU the 16-bit
+partitions are in host memory too, where the fix itself stays out.
 Writes result.json (losses, grad norms, whether each fix was applied) and the final 16-bit weights
 (weights.safetensors, gathered under ZeRO-3).
 """
@@ -118,7 +119,8 @@ def main():
         weights = dict(trainer.model.named_parameters())
     weights = {k: v.detach().clone().contiguous() for k, v in weights.items()}
     save_file(weights, str(Path(opts.out) / "weights.safetensors"))
-    result = {"fixed": fixed, "pinned_copy": pinned_copy, "chunked_step": chunked_step, "in_forward": in_forward, "pinned_sub_groups": pinned.sub_groups,
+    result = {"fixed": fixed, "pinned_copy": pinned_copy, "chunked_step": chunked_step, "in_forward": in_forward,
+              "pinned_sub_groups": pinned.sub_groups,
               "losses": [e["loss"] for e in logs],
               "grad_norms": [None if e.get("grad_norm") is None or math.isnan(e["grad_norm"]) else e["grad_norm"]
                              for e in logs], "steps": trainer.state.global_step,
