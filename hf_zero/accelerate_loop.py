@@ -23,7 +23,7 @@ from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gath
 from .config.validate import check_config
 from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, world_size
 from .engine_checks import engine_problems, parallel_sizes, training_alone
-from .engine_fixes import offload_fixes_applied
+from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
 from .errors import CheckpointError, ConfigError
 from .offload_threads import threads_for_offload
 
@@ -104,14 +104,24 @@ def _with_preset_optimizer(config: dict, optimizer):
     return optimizer
 
 
-def prepare(accelerator, model, *objects):
+def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
+            offload_step_chunk: int | None = None):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
     model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
 
     The optimizer among ``objects`` may be a DummyOptim (its betas/eps kwargs fill the config's "auto" ones, torch's
-    defaults otherwise) or a torch Adam/AdamW, whose hyperparameters then configure the preset's DeepSpeed AdamW."""
+    defaults otherwise) or a torch Adam/AdamW, whose hyperparameters then configure the preset's DeepSpeed AdamW.
+
+    ``offload_step_in_forward=True`` does what ZeroCallback does by default on one GPU under ZeRO-1/2 offload: each
+    optimizer step's host work runs in the next forward, ``offload_step_chunk`` elements at a time (the same bits).
+    It is opt-in here because a loop may read parameter tensors between ``optimizer.step()`` and the next forward;
+    a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step first, and
+    ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
     import torch
 
+    problem = step_chunk_problem(offload_step_chunk)
+    if problem:
+        raise ConfigError(problem)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         return accelerator.prepare(model, *objects)
@@ -135,7 +145,11 @@ def prepare(accelerator, model, *objects):
     problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
     if problems:
         raise ConfigError(problems)
-    for note in offload_fixes_applied(engine):
+    from accelerate.utils import DynamoBackend
+
+    # torch.compile would trace the forward hooks that finish the step
+    in_forward = offload_step_in_forward and accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
+    for note in offload_fixes_applied(engine, in_forward, offload_step_chunk):
         logger.info("hf_zero: %s", note)
     return prepared
 
@@ -159,6 +173,7 @@ def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arriv
                                   f"all ranks called it within {arrival_timeout_s:g} s ({str(e).splitlines()[0]}). "
                                   "Nothing was written. Fix: call it on every rank, not under "
                                   "`if accelerator.is_main_process:`.") from None
+    finish_offload_step(model)  # a step prepare(offload_step_in_forward=True) left to the next forward
     state = accelerator.get_state_dict(model)  # a collective: gathers ZeRO-3's 16-bit weights to rank 0
     unwrapped = accelerator.unwrap_model(model)
     problems = []

@@ -232,6 +232,12 @@ def _plain_zero2_offload(optimizer) -> bool:
         return False
     groups = optimizer.optimizer.param_groups
     return len(groups) == len(optimizer.single_partition_of_fp32_groups) and all(
-        group["params"] == [master] and master.dtype == torch.float32 and
-        optimizer.parallel_partitioned_bit16_groups[i][0].device.type != "cpu"
-        for i, (group, master) in enumerate(zip(groups, optimizer.single_partition_of_fp32_groups)))
+        group["params"] == [master] and master.dtype == torch.float32
+        for group, master in zip(groups, optimizer.single_partition_of_fp32_groups)
+    ) and _sixteen_bit_partitions_on_accelerator(optimizer)
+
+
+def _sixteen_bit_partitions_on_accelerator(optimizer) -> bool:
+    """Whether the 16-bit partitions live on an accelerator: on a CPU-only run the host step has no GPU work to hide
+    behind, and DeepSpeed's step stays."""
+    return all(partitions[0].device.type != "cpu" for partitions in optimizer.parallel_partitioned_bit16_groups)

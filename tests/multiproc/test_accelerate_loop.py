@@ -1,6 +1,7 @@
 """A user's own Accelerate loop with the shipped YAMLs: hf_zero.accelerator(), hf_zero.prepare, hf_zero.save_pretrained."""
 
 import pytest
+import torch
 
 from conftest import REPO, assert_reload_bitwise, read_result, run_worker
 from hf_zero.long_context import LongContext
@@ -43,6 +44,44 @@ def test_prepare_applies_the_offload_fixes_the_trainer_gets(tiny_models, tmp_pat
     assert result["engine_fixes"] == ["update_offload_overflow_tracker"]
     assert result["losses"][-1] < result["losses"][0]
     assert_reload_bitwise(out)
+
+
+@pytest.mark.slow  # two one-process offload runs with the CPU Adam, about a minute
+def test_prepare_can_leave_the_offload_step_to_the_next_forward_with_the_same_bits(tiny_models, tmp_path):
+    # one process (the fix stays out on more): chunks of 4,096 elements split the tiny Llama's partition many times
+    def run(out, *flags):
+        run_worker(["--model", tiny_models["llama"], "--out", out, *flags], nproc=1,
+                   launcher="accelerate:recipes/accelerate/zero2_offload.yaml", script=LOOP_WORKER)
+        return read_result(out)
+
+    deepspeeds = run(tmp_path / "deepspeeds")
+    held = run(tmp_path / "held", "--offload-step-in-forward", "4096")
+    assert not deepspeeds["step_in_forward"] and held["step_in_forward"]
+    assert held["step_held_at_end"]  # the last step waited for the save's state_dict
+    assert held["losses"] == deepspeeds["losses"] and held["losses"][-1] < held["losses"][0]
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "deepspeeds" / "expected.safetensors"))
+    b = load_file(str(tmp_path / "held" / "expected.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_reload_bitwise(tmp_path / "held")
+
+
+@pytest.mark.parametrize("chunk, fires", [(1000, True), (0, True), (4096, False)])
+def test_prepare_checks_the_chunk_before_anything_is_built(chunk, fires):
+    import hf_zero
+    from hf_zero.errors import ConfigError
+
+    sentinel = object()  # stands for the Accelerator: with a sound chunk, prepare goes on to use it
+
+    try:
+        hf_zero.prepare(sentinel, torch.nn.Linear(2, 2), offload_step_in_forward=True, offload_step_chunk=chunk)
+    except ConfigError as e:
+        assert fires and "multiple of 4,096" in str(e)
+    except AttributeError:
+        assert not fires  # it went on to read the Accelerator's state
+    else:
+        raise AssertionError("prepare returned with an object standing for the Accelerator")
 
 
 def test_a_save_on_one_rank_only_is_refused_and_writes_nothing(tiny_models, tmp_path):

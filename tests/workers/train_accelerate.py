@@ -27,6 +27,8 @@ def main():
     p.add_argument("--length", type=int, default=16, help="tokens per sample")
     p.add_argument("--long-context", action="store_true", help="hf_zero.enable_long_context + gradient checkpointing")
     p.add_argument("--plain-accelerator", action="store_true", help="accelerate.Accelerator() instead of hf_zero's")
+    p.add_argument("--offload-step-in-forward", type=int, default=0, metavar="CHUNK",
+                   help="hf_zero.prepare(offload_step_in_forward=True, offload_step_chunk=CHUNK)")
     opts = p.parse_args()
 
     if opts.plain_accelerator:
@@ -49,7 +51,14 @@ def main():
         optimizer = DummyOptim(model.parameters(), lr=1e-3)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
-    model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader)
+    if opts.offload_step_in_forward and not torch.cuda.is_available():
+        # the fix leaves CPU-only runs to DeepSpeed's step (no GPU work to hide it behind); here it is what is tested
+        from hf_zero import engine_fixes
+
+        engine_fixes._sixteen_bit_partitions_on_accelerator = lambda optimizer: True
+    in_forward = {"offload_step_in_forward": True, "offload_step_chunk": opts.offload_step_in_forward} \
+        if opts.offload_step_in_forward else {}
+    model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader, **in_forward)
     losses = []
     model.train()
     for step, batch in enumerate(loader):
@@ -61,6 +70,8 @@ def main():
         if step + 1 == opts.steps:
             break
 
+    held = getattr(model.optimizer, "hf_zero_step_in_forward", None)
+    step_held_at_end = bool(held and held.pending)  # the last step waits for a forward or a state_dict
     out = Path(opts.out)
     expected = hf_zero.gathered_state_dict(accelerator.unwrap_model(model))  # a collective: every rank enters
     if opts.save_on_main_only:
@@ -78,6 +89,7 @@ def main():
                   "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                   "long_context": str(hf_zero.long_context.long_context_of(model)),
                   "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing,
+                  "step_in_forward": held is not None, "step_held_at_end": step_held_at_end,
                   # the instance attributes hf_zero.engine_fixes sets on the ZeRO optimizer
                   "engine_fixes": sorted(name for name in ("update_offload_overflow_tracker",
                                                            "_reassign_or_swap_out_partitioned_parameters")

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).parent
-CALLS = 27
+CALLS = 29
 
 RENAMES = {
     4: {"ddp@64k": "ddp_mbs4_again@64k", "z2o_mbs32@64k": "zero2_offload_mbs32@64k",
