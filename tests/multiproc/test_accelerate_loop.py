@@ -54,14 +54,14 @@ def test_prepare_can_leave_the_offload_step_to_the_next_forward_with_the_same_bi
                    launcher="accelerate:recipes/accelerate/zero2_offload.yaml", script=LOOP_WORKER)
         return read_result(out)
 
-    deepspeeds = run(tmp_path / "deepspeeds")
+    deepspeed_step = run(tmp_path / "deepspeed_step")
     held = run(tmp_path / "held", "--offload-step-in-forward", "4096")
-    assert not deepspeeds["step_in_forward"] and held["step_in_forward"]
+    assert not deepspeed_step["step_in_forward"] and held["step_in_forward"]
     assert held["step_held_at_end"]  # the last step waited for the save's state_dict
-    assert held["losses"] == deepspeeds["losses"] and held["losses"][-1] < held["losses"][0]
+    assert held["losses"] == deepspeed_step["losses"] and held["losses"][-1] < held["losses"][0]
     from safetensors.torch import load_file
 
-    a = load_file(str(tmp_path / "deepspeeds" / "expected.safetensors"))
+    a = load_file(str(tmp_path / "deepspeed_step" / "expected.safetensors"))
     b = load_file(str(tmp_path / "held" / "expected.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert_reload_bitwise(tmp_path / "held")
