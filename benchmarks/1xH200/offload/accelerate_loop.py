@@ -11,6 +11,7 @@ second finishes no held step), each step timed from one accumulation boundary to
 """
 
 import argparse
+import importlib.metadata
 import json
 import statistics
 import time
@@ -35,6 +36,7 @@ def main():
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="optimizer steps before timing")
     opts = p.parse_args()
+    on_gpu = torch.cuda.is_available()
 
     if opts.setting == "plain":
         from accelerate import Accelerator
@@ -51,7 +53,7 @@ def main():
     ids = torch.randint(0, config.vocab_size, (opts.micro_batch * opts.accumulation * optimizer_steps, opts.seq))
     loader = torch.utils.data.DataLoader(ids, batch_size=opts.micro_batch)
     if opts.setting == "plain":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.cuda.is_available())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=on_gpu)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     else:
         optimizer = DummyOptim(model.parameters(), lr=1e-5)
@@ -67,7 +69,7 @@ def main():
             optimizer.step()
             optimizer.zero_grad()
         if (i + 1) % opts.accumulation == 0:
-            if torch.cuda.is_available():
+            if on_gpu:
                 torch.cuda.synchronize()
             boundaries.append(time.perf_counter())
             losses.append(loss.item())
@@ -75,13 +77,13 @@ def main():
     hf_zero.finish_offload_step(model)
     step_s = [b - a for a, b in zip(boundaries[opts.warmup - 1:], boundaries[opts.warmup:])]
     tokens = opts.micro_batch * opts.accumulation * opts.seq
+    held = getattr(getattr(model, "optimizer", None), "hf_zero_step_in_forward", None)
     row = {"setting": opts.setting, "micro_batch": opts.micro_batch, "accumulation": opts.accumulation,
            "tokens_per_step": tokens, "step_s": step_s, "tokens_per_s": tokens / statistics.median(step_s),
-           "losses": losses, "step_in_forward": getattr(getattr(model, "optimizer", None),
-                                                         "hf_zero_step_in_forward", None) is not None,
-           "model": opts.model, "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30
-           if torch.cuda.is_available() else None, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "deepspeed": __import__("deepspeed").__version__ if opts.setting != "plain" else None}
+           "losses": losses, "step_in_forward": held is not None, "model": opts.model,
+           "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+           "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+           "deepspeed": importlib.metadata.version("deepspeed") if opts.setting != "plain" else None}
     with Path(opts.out).open("a") as f:
         f.write(json.dumps(row) + "\n")
     accelerator.print(json.dumps({k: v for k, v in row.items() if k not in ("step_s", "losses")}))
