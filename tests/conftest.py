@@ -124,6 +124,18 @@ def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM", fo
     return model
 
 
+def differing_tensors(a_path, b_path) -> dict:
+    """The tensors whose bits differ between two safetensors files (name -> max abs difference); {} when every tensor
+    is the same. Both files must hold tensors, under the same names."""
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(a_path)), load_file(str(b_path))
+    assert a and set(a) == set(b)
+    return {name: (a[name].float() - b[name].float()).abs().max().item()
+            for name in a if not torch.equal(a[name], b[name])}
+
+
 def assert_trained(out: Path, initial: Path, min_drop: float = 0.1):
     """The run trained: every weight the engine ends with differs from the model it started from, and the loss
     fell over the run's few steps (the workers' data is learnable: 16 distinct tokens, ~5.54 -> ~5.31 in 4 steps

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import REPO, assert_reload_bitwise, read_result, run_worker
+from conftest import REPO, assert_reload_bitwise, differing_tensors, read_result, run_worker
 from hf_zero.long_context import LongContext
 
 pytestmark = pytest.mark.multiproc
@@ -59,11 +59,8 @@ def test_prepare_can_leave_the_offload_step_to_the_next_forward_with_the_same_bi
     assert not deepspeed_step["step_in_forward"] and held["step_in_forward"]
     assert held["step_held_at_end"]  # the last step waited for the save's state_dict
     assert held["losses"] == deepspeed_step["losses"] and held["losses"][-1] < held["losses"][0]
-    from safetensors.torch import load_file
-
-    a = load_file(str(tmp_path / "deepspeed_step" / "expected.safetensors"))
-    b = load_file(str(tmp_path / "held" / "expected.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert differing_tensors(tmp_path / "deepspeed_step" / "expected.safetensors",
+                             tmp_path / "held" / "expected.safetensors") == {}
     assert_reload_bitwise(tmp_path / "held")
 
 
