@@ -1,5 +1,6 @@
 # make demo  - the main job: fine-tune a real model with the ZeRO-3 preset on 2 processes
 # make test  - the test suite (real DeepSpeed on CPU; about 13 min on 2 cores from a fresh clone, its op build included)
+# make test-floor - part of the suite with every dependency at the oldest release setup.cfg declares (CI runs it)
 # Both set themselves up in .venv. torch is pinned to the local CPU wheel: unpinned, pip pulls a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 NPROC ?= 2
 
-.PHONY: demo test test-long test-nvme test-fast test-multiproc bench clean
+.PHONY: demo test test-floor test-long test-nvme test-fast test-multiproc bench clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -31,7 +32,28 @@ demo: $(VENV)/.demo
 	$(PY) -m hf_zero.finetune.demo --nproc $(NPROC)
 
 test: $(VENV)/.demo
+	$(VENV)/bin/hf-zero check
 	$(PY) -m pytest -q -m "not nvme and not long and not slow" --durations=10
+
+# The floor environment: every dependency pinned to the oldest release setup.cfg declares (.ci/floor_constraints.py),
+# running the suite's configs, checkpoints (written by the floor DeepSpeed, then scanned, verified, exported and
+# resumed on another world size), the callback, zero.Init loading and ZeRO-1/2/3 runs with a bitwise reload. Its torch
+# comes from PyPI: the floor release's CUDA build (about 2.5 GB with its libraries), which runs on the CPU.
+FLOOR_VENV := .venv-floor
+FLOOR_TESTS := tests/compat tests/config tests/checkpoints tests/trainer/test_callback.py tests/zero3 \
+	tests/multiproc/test_zero_training.py::test_stage_trains_and_reloads_bitwise
+
+$(FLOOR_VENV)/.installed: setup.cfg pyproject.toml .ci/floor_constraints.py
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(PYTHON) .ci/floor_constraints.py > $(FLOOR_VENV)/constraints.txt
+	$(FLOOR_VENV)/bin/python -m pip install -q -c $(FLOOR_VENV)/constraints.txt -e '.[test,finetune,plot]'
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/hf-zero check
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(FLOOR_VENV)/torch_extensions \
+		$(FLOOR_VENV)/bin/python -m pytest -q -m "not nvme and not long and not slow" $(FLOOR_TESTS) --durations=5
 
 # The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
 # variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build): about 8 minutes
@@ -54,4 +76,4 @@ bench: $(VENV)/.installed
 	$(PY) -m hf_zero bench --out bench_out
 
 clean:
-	rm -rf $(VENV) demo_out bench_out .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) demo_out bench_out .pytest_cache

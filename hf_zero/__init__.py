@@ -13,6 +13,10 @@ nor DeepSpeed until something needs them.
 import importlib
 
 from . import moved_modules
+from .compat.releases import require_supported_releases
+
+# a package older than its floor stops here with one line, not with an ImportError deep inside a run
+require_supported_releases()
 
 __version__ = "0.1.0"
 

@@ -2,14 +2,7 @@
 Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop)."""
 
 import torch
-from packaging.version import Version
-
-from .versions import deepspeed_version
-
-# The releases whose ZeRO-1/2 step() this fix was read against and tested on: an invalid gradient norm
-# marks the step as an overflow (see offload_overflow_syncs_removed)
-OFFLOAD_OVERFLOW_FIX_RELEASES = (Version("0.19.8"), Version("0.20"))
-
+from .compat.deepspeed_api import engine_fix_applies
 
 def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | None:
     """Under ZeRO-1/2 with the optimizer offloaded, stop DeepSpeed testing each gradient for inf/NaN on the host;
@@ -28,7 +21,7 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
         return None
     if getattr(optimizer, "zenflow", False) or not getattr(optimizer, "compute_grad_norm", False):
         return None  # ZenFlow has its own step; without the norm the flag is the only overflow test
-    if not _read_against(OFFLOAD_OVERFLOW_FIX_RELEASES, version):
+    if not engine_fix_applies("offload-overflow-test", version):
         return None
     optimizer.update_offload_overflow_tracker = _no_host_test
     return ("ZeRO offload: DeepSpeed's per-parameter inf/NaN test of each gradient (a host synchronization per "
@@ -36,22 +29,9 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
             "catches the same overflows.")
 
 
-def _read_against(releases: tuple, version: str | None) -> bool:
-    """Whether the installed DeepSpeed (or ``version``) is one of the releases (low <= v < high) a fix was read
-    against: outside them its internals may differ, and the fix stays out."""
-    installed = deepspeed_version(version)
-    low, high = releases
-    return installed is not None and low <= installed < high
-
-
 def _no_host_test(grad) -> None:
     """Takes the place of DeepSpeedZeroOptimizer.update_offload_overflow_tracker: the norm check covers it."""
     return None
-
-
-# The releases whose ZeRO-3 step() (stage3.py, _reassign_or_swap_out_partitioned_parameters) this fix was read against
-# and tested on
-PINNED_UPDATE_COPY_RELEASES = (Version("0.19.8"), Version("0.20"))
 
 
 def offload_fixes_applied(engine, step_in_forward: bool = False, step_chunk: int | None = None) -> list[str]:
@@ -84,7 +64,7 @@ def zero3_updates_copied_through_pinned_memory(engine, version: str | None = Non
     if not _plain_zero3_offload(optimizer) or not getattr(optimizer, "offload_optimizer_pin_memory", False):
         return None
     sub_groups = host_updated_sub_groups(optimizer)
-    if not sub_groups or not _read_against(PINNED_UPDATE_COPY_RELEASES, version):
+    if not sub_groups or not engine_fix_applies("pinned-update-copy", version):
         return None
     halves = optimizer.fp16_partitioned_groups_flat
     staging = sum(halves[i].numel() * halves[i].element_size() for i in sub_groups)
@@ -153,9 +133,6 @@ def copy_updates_through_pinned_memory(optimizer, sub_groups: list[int]) -> None
     optimizer._reassign_or_swap_out_partitioned_parameters = reassign
 
 
-# The releases whose ZeRO-1/2 offload step (stage_1_and_2.py: step, unscale_and_clip_grads, _optimizer_step) and CPU
-# Adam (DeepSpeedCPUAdam.step, its C++ adam_update) this fix was read against and tested on
-STEP_IN_FORWARD_RELEASES = (Version("0.19.8"), Version("0.20"))
 # Elements per chunk of the offload step run in the forward: a multiple of every SIMD block DeepSpeed's Adam kernel
 # rounds to (so each element takes the same code path as in one whole call); fine enough that a layer of a 1B model
 # spans a dozen chunks, coarse enough that the few operations each chunk launches stay a small share of its time
@@ -193,7 +170,7 @@ def zero2_offload_step_in_next_forward(engine, version: str | None = None,
     demand. The first step, which creates Adam's state, stays DeepSpeed's. Left alone on more than one rank (step()
     gathers the updated partitions at once)."""
     optimizer = getattr(engine, "optimizer", None)
-    if not _plain_zero2_offload(optimizer) or not _read_against(STEP_IN_FORWARD_RELEASES, version):
+    if not _plain_zero2_offload(optimizer) or not engine_fix_applies("offload-step-in-forward", version):
         return None
     from .offload_step import step_offloaded_groups_in_chunks
 

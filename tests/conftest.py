@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 # DeepSpeed's logger binds its handler to whatever sys.stdout is when deepspeed is first imported.
 # Imported inside a test that captures output (capsys, redirect_stdout), it kept writing to that
@@ -16,11 +17,26 @@ import pytest
 # stdout is the session's.
 import deepspeed.utils.logging  # noqa: E402,F401  (imported for that side effect)
 
+import deprecation_guard  # noqa: F401  (fails a test where hf_zero calls a deprecated API)
 from hf_zero.distributed import free_port
+from hf_zero.compat.releases import installed_version
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKER = REPO / "tests" / "workers" / "train_tiny.py"
+
+
+# ---- releases ---------------------------------------------------------------------------------------------------
+def pytest_runtest_setup(item):
+    """``@pytest.mark.requires("deepspeed>=0.19.3")``: a test of what only that release (or newer) has, skipped in an
+    environment with an older one (the floor environment) with the release named."""
+    for marker in item.iter_markers("requires"):
+        for spec in marker.args:
+            requirement = Requirement(spec)
+            installed = installed_version(requirement.name)
+            if installed is None or installed not in requirement.specifier:
+                pytest.skip(f"needs {spec} ({requirement.name} {installed or 'not installed'} here)")
+
 
 
 def worker_env(**extra) -> dict:
@@ -29,7 +45,8 @@ def worker_env(**extra) -> dict:
         # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) are kept with the venv
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")),
         OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        # tests/ for deprecation_guard, which every worker imports
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")])),
     )
     env.update(extra)
     return env

@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..compat.deepspeed_api import zero_checkpoint_tensors
 from ..errors import CheckpointError, ConfigError
 from .folders import ensure_complete, find_zero_checkpoint, shape_mismatches
 from .safe_load import guard_deepspeed_loads
@@ -65,18 +66,17 @@ def _write_shards(state_dict: dict, out: Path, dtype: str, max_shard_size) -> in
     """Write sharded safetensors (and an index when there is more than one); returns the shard count."""
     import gc
 
-    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
     # DeepSpeed's own converter takes the names (bf16 / fp16 / fp32) and leaves integer buffers as they are
-    sizes_only = to_torch_tensor(state_dict, return_empty_tensor=True, dtype=dtype)
+    sizes_only = zero_checkpoint_tensors(state_dict, dtype, sizes_only=True)
     split = split_torch_state_dict_into_shards(sizes_only, filename_pattern="model{suffix}.safetensors",
                                                max_shard_size=max_shard_size)
     del sizes_only
     shards = list(split.filename_to_tensors.items())
     for i, (filename, names) in enumerate(shards, 1):
-        shard = to_torch_tensor({n: state_dict[n] for n in names}, dtype=dtype)
+        shard = zero_checkpoint_tensors({n: state_dict[n] for n in names}, dtype)
         save_file(shard, str(out / filename), metadata={"format": "pt"})
         for n in names:
             del state_dict[n]  # the lazy tensor and its materialized copy go before the next shard

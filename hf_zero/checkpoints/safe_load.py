@@ -21,6 +21,7 @@ import pickletools
 import re
 from pathlib import Path
 
+from ..compat.deepspeed_api import CHECKPOINT_PLAIN_DATA, weights_only_classes
 from ..errors import CheckpointError, UnsafeCheckpointError
 
 TRUST_HINT = "If you trust where this checkpoint came from, pass --trust-checkpoint to load it anyway."
@@ -55,7 +56,7 @@ _EXPLICIT_GLOBALS = {
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "_reconstruct"),  # the same function under numpy < 2
     ("_codecs", "encode"),  # protocol-2 pickles store the array's bytes as latin-1 text
-}
+} | CHECKPOINT_PLAIN_DATA  # what older DeepSpeed releases add (a set in model_states)
 
 
 def _torch_data_globals() -> set:
@@ -80,13 +81,9 @@ def allowed_globals() -> frozenset:
 def _weights_only_extras() -> list:
     """The objects torch's weights_only unpickler must additionally accept for DeepSpeed and rng files."""
     import numpy as np
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
 
     np_core = getattr(np, "_core", None) or np.core
-    return [LossScaler, ZeroStageEnum, fragment_address, np_core.multiarray._reconstruct, np.ndarray, np.dtype,
-            type(np.dtype(np.uint32))]
+    return [*weights_only_classes(), np_core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 # ---------------------------------------------------------------------------------------------

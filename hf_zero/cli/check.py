@@ -14,9 +14,11 @@ from ..errors import ConfigError
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("check", help="check a DeepSpeed config (preset name or JSON file)",
-                              description="Report every problem in a DeepSpeed config at once. Exit 1 on errors, 0 otherwise.")
-    p.add_argument("config", help="preset name or path to a DeepSpeed JSON file")
+    p = subparsers.add_parser("check", help="check a DeepSpeed config (preset name or JSON file), and the installed releases",
+                              description="Report every problem in a DeepSpeed config at once, then the installed "
+                                          "releases against the ones hf_zero was tested on. Exit 1 on errors, 0 otherwise. "
+                                          "Without a config: the releases only.")
+    p.add_argument("config", nargs="?", help="preset name or path to a DeepSpeed JSON file")
     p.add_argument("--world-size", type=int, default=1, help="processes the run will have (nodes x processes per node)")
     p.add_argument("--sequence-parallel", type=int, default=1, metavar="N",
                    help="Ulysses sequence-parallel size (Accelerate's ParallelismConfig sp_size); checks sequence_parallel_size; "
@@ -80,7 +82,19 @@ def _model_findings(config: dict, model_config: dict, args) -> list:
     return findings
 
 
+def print_stack(stream) -> None:
+    """The installed releases of hf_zero's dependencies, each against the window CI tests."""
+    from ..compat.releases import stack_report
+
+    for package, installed, verdict in stack_report():
+        print(f"  {package:<13} {installed:<14} {verdict}", file=stream)
+
+
 def run(args) -> int:
+    if args.config is None:
+        print("installed releases (hf_zero's tested windows: docs/versions.md):")
+        print_stack(sys.stdout)
+        return 0
     for flag in ("world_size", "sequence_parallel"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
@@ -102,6 +116,9 @@ def run(args) -> int:
     else:
         for f in findings:
             print(f"{args.config}: {f.severity} [{f.code}] {f.message}\n    fix: {f.fix}")
+    if not args.json:
+        print("installed releases (docs/versions.md):", file=sys.stderr)
+        print_stack(sys.stderr)
     if args.fix:
         from ..config.rules import fix_config
 

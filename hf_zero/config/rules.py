@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
-from ..versions import deepspeed_version
+from ..compat.deepspeed_api import ZENFLOW_ZERO3_CHECKED
+from ..compat.releases import deepspeed_version
 from .dotted import (accumulates_in_fp32, get_dotted, half_precision, optimizer_host_share, optimizer_on_host,
                      params_on_host, tensor_parallel_size)
 from .findings import TRAINER_AUTO_KEYS, Finding, auto_paths
@@ -288,10 +289,6 @@ def _zenflow(context):
     if context.zero.get("stage") == 3:
         found.append(_zenflow_zero3(context.deepspeed))
     return found
-
-
-# the newest DeepSpeed in which ZenFlow's stage-3 transposition was seen to break (benchmarks/cpu/zenflow_zero3)
-ZENFLOW_ZERO3_CHECKED = Version("0.19.8")
 
 
 def _zenflow_zero3(deepspeed: Version | None) -> Finding:

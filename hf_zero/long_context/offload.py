@@ -8,6 +8,8 @@ pinned only where a GPU is, so the same switch runs (and is tested) on CPU.
 import functools
 import os
 
+from ..compat.hf_api import set_allocator_settings
+
 __all__ = ["offloaded", "exact_size_pinned_blocks", "pinned_blocks_exact", "pinned_threshold_configured"]
 
 
@@ -36,11 +38,8 @@ def offloaded(checkpoint_fn):
 def pinned_blocks_exact() -> bool:
     """Whether this torch gives large pinned blocks their exact size (the pinned_max_round_threshold_mb setting),
     as enable_long_context asks it to; torch 2.11 rounds them up to a power of two."""
-    import torch
-
-    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     try:
-        set_settings("pinned_max_round_threshold_mb:64")
+        set_allocator_settings("pinned_max_round_threshold_mb:64")
     except (RuntimeError, ValueError, AttributeError):
         return False
     return True

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import rotate_checkpoints
 
 from ..checkpoints.folders import set_aside_partial, training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
+from ..compat.hf_api import enable_model_checkpointing, model_checkpointing_on, rotate_checkpoints
 from ..config.dotted import half_precision, offload_devices, zero_stage
 from ..config.live import GATHER_ON_SAVE, deepspeed_config_of, drop_gpu_only_settings, gather_weights_on_save
 from ..config.validate import check_config
@@ -211,8 +211,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
         gradient checkpointing on with the arguments' kwargs: turn it on again with the kwargs set now."""
         kwargs = gradient_checkpointing_kwargs(trainer.args)
         model = trainer.model
-        if kwargs is not None and gradient_checkpointing_on(trainer.args) and getattr(model, "is_gradient_checkpointing", False):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(kwargs))
+        if kwargs is not None and gradient_checkpointing_on(trainer.args) and model_checkpointing_on(model):
+            enable_model_checkpointing(model, dict(kwargs))
 
     def on_init_end(self, args, state, control, **kwargs):
         # Trainer(callbacks=[ZeroCallback()]): the Trainer is built, its engine is not
@@ -384,8 +384,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if not problems and self._save_total_limit:
                 # Only now may older checkpoints go: the newest is known to be complete. Newest by
                 # mtime, as the Trainer does, so stale higher-numbered folders of an earlier run don't win.
-                rotate_checkpoints(args.output_dir, save_total_limit=self._save_total_limit,
-                                   best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)
+                rotate_checkpoints(self.trainer, args.output_dir, self._save_total_limit, state.best_model_checkpoint)
         problems = from_rank0(problems)  # every rank raises together
         if problems:
             raise CheckpointError("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): "

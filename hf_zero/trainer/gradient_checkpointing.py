@@ -1,36 +1,18 @@
 """Gradient checkpointing under ZeRO: its settings on TrainingArguments, and the combinations that crash."""
 
-from packaging.version import Version
-
+from ..compat.deepspeed_api import FROZEN_RECOMPUTE_FIX, frozen_recompute_fails
+from ..compat.hf_api import checkpointing_kwargs as gradient_checkpointing_kwargs
+from ..compat.hf_api import checkpointing_on as gradient_checkpointing_on
+from ..compat.hf_api import set_checkpointing_kwargs as set_gradient_checkpointing_kwargs
+from ..compat.hf_api import turn_on_checkpointing as turn_on_gradient_checkpointing
+from ..compat.releases import deepspeed_version as installed_deepspeed
 from ..config.dotted import zero_stage
 from ..config.live import deepspeed_config_of
 from ..modeling import has_frozen_parameters, unwrap_model
-from ..versions import deepspeed_version as installed_deepspeed
 
-# DeepSpeed PR #8148 (in 0.19.3): before it, ZeRO-3 re-partitioned frozen parameters during a
-# non-reentrant checkpoint recompute and torch raised CheckpointError (seen here with 0.19.2).
-FROZEN_RECOMPUTE_FIX = "0.19.3"
-
-
-def gradient_checkpointing_on(args) -> bool:
-    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
-
-
-def gradient_checkpointing_kwargs(args):
-    return getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
-
-
-def turn_on_gradient_checkpointing(args) -> None:
-    for name in ("activation_checkpointing", "gradient_checkpointing"):  # 5.24's name and its deprecated alias
-        if hasattr(args, name):
-            setattr(args, name, True)
-
-
-def set_gradient_checkpointing_kwargs(args, kwargs) -> None:
-    # transformers 5.24 reads activation_checkpointing_kwargs; older 5.x gradient_checkpointing_kwargs
-    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-        if hasattr(args, name):
-            setattr(args, name, kwargs)
+__all__ = ["FROZEN_RECOMPUTE_FIX", "default_checkpointing_kwargs", "gradient_checkpointing_kwargs", "gradient_checkpointing_on",
+           "non_reentrant_recompute_fails", "peft_recompute_problems", "set_gradient_checkpointing_kwargs",
+           "turn_on_gradient_checkpointing"]
 
 
 def non_reentrant_recompute_fails(model, args, deepspeed_version: str | None = None) -> bool:
@@ -39,8 +21,7 @@ def non_reentrant_recompute_fails(model, args, deepspeed_version: str | None = N
     config = deepspeed_config_of(args) or {}
     if zero_stage(config) != 3 or not has_frozen_parameters(unwrap_model(model)):
         return False
-    version = installed_deepspeed(deepspeed_version)
-    return version is not None and version < Version(FROZEN_RECOMPUTE_FIX)
+    return frozen_recompute_fails(deepspeed_version)
 
 
 def default_checkpointing_kwargs(model, args, deepspeed_version: str | None = None) -> dict:

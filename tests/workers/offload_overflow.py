@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 from train_tiny import RandomTokens
 

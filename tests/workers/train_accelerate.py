@@ -14,6 +14,7 @@ import torch
 from accelerate.utils import DummyOptim
 from transformers import AutoModelForCausalLM
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 
 

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, Trainer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_tiny import CHECKPOINTING_ARG, LoggedKeys, RandomTokens, StepsTrained, reentrant_kwargs
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 import hf_zero.lora
 

@@ -15,6 +15,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, Trainer
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 
 

@@ -14,6 +14,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Trainer
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 
 

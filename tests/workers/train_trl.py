@@ -14,6 +14,7 @@ import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 
 # ChatML with the generation markers TRL's assistant-only loss reads

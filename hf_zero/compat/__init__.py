@@ -1,0 +1,15 @@
+"""Everything that differs between the releases hf_zero supports, in one place.
+
+- ``releases``: the supported floors (setup.cfg's install_requires), the tested windows, the
+  installed versions (read from package metadata, importing nothing), and the check ``import hf_zero``
+  runs;
+- ``deepspeed_api``: the DeepSpeed releases each engine fix was read against, and the WARNING a run
+  logs once when the installed DeepSpeed is outside one;
+- ``hf_api``: transformers, accelerate and torch names that moved or were renamed between releases.
+
+The rest of the package asks these modules instead of testing versions or attributes itself.
+"""
+
+from . import deepspeed_api, hf_api, releases
+
+__all__ = ["deepspeed_api", "hf_api", "releases"]

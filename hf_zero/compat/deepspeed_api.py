@@ -1,0 +1,113 @@
+"""What hf_zero knows about particular DeepSpeed releases: the internals each engine fix was read against, the
+releases a bug was fixed in, and what each release writes into a checkpoint."""
+
+import logging
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from .releases import deepspeed_version
+
+logger = logging.getLogger("hf_zero")
+
+
+@dataclass(frozen=True)
+class EngineFix:
+    """A change hf_zero makes to a built engine, valid for the DeepSpeed releases whose source it was read against
+    and tested on (``low <= release < high``): outside them the internals it patches may differ, so it stays out."""
+    title: str
+    low: str
+    high: str
+    without_it: str  # what the run gets instead, for the WARNING
+
+    def covers(self, version: Version) -> bool:
+        return Version(self.low) <= version < Version(self.high)
+
+
+ENGINE_FIXES = {
+    # stage_1_and_2.py: update_offload_overflow_tracker, step
+    "offload-overflow-test": EngineFix(
+        "ZeRO offload without the per-parameter inf/NaN test", "0.19.8", "0.20",
+        "each gradient's copy to the host waits on a host synchronization (DeepSpeed's own offload speed)"),
+    # stage3.py: _reassign_or_swap_out_partitioned_parameters, step
+    "pinned-update-copy": EngineFix(
+        "ZeRO-3 offload updates copied through pinned memory", "0.19.8", "0.20",
+        "DeepSpeed's synchronous copy of each updated sub-group from pageable memory"),
+    # stage_1_and_2.py: step, unscale_and_clip_grads, _optimizer_step; DeepSpeedCPUAdam.step
+    "offload-step-in-forward": EngineFix(
+        "offload step in the next forward", "0.19.8", "0.20", "expect DeepSpeed's own step speed"),
+}
+
+_warned: set = set()
+
+
+def engine_fix_applies(name: str, version: str | None = None) -> bool:
+    """Whether the installed DeepSpeed (or ``version``) is one ENGINE_FIXES[name] was read against. When it is not,
+    and the engine would otherwise have taken the fix, log one WARNING per process saying what is skipped and what
+    it costs (a speed-up silently gone on the next DeepSpeed release is the failure this guards against)."""
+    fix, installed = ENGINE_FIXES[name], deepspeed_version(version)
+    if installed is not None and fix.covers(installed):
+        return True
+    if name not in _warned:
+        _warned.add(name)
+        logger.warning("hf_zero: %s: not applied on DeepSpeed %s (read against %s to below %s); %s. See docs/versions.md.",
+                       fix.title, installed, fix.low, fix.high, fix.without_it)
+    return False
+
+
+# DeepSpeed PR #8148 (in 0.19.3): before it, ZeRO-3 re-partitioned frozen parameters during a non-reentrant
+# checkpoint recompute and torch raised CheckpointError (seen here with 0.19.2).
+FROZEN_RECOMPUTE_FIX = "0.19.3"
+
+
+def frozen_recompute_fails(version: str | None = None) -> bool:
+    """Whether this DeepSpeed (default: the installed one) re-partitions frozen parameters inside a non-reentrant
+    checkpoint recompute under ZeRO-3."""
+    installed = deepspeed_version(version)
+    return installed is not None and installed < Version(FROZEN_RECOMPUTE_FIX)
+
+
+# The newest DeepSpeed in which ZenFlow's stage-3 transposition was seen to break (benchmarks/cpu/zenflow_zero3)
+ZENFLOW_ZERO3_CHECKED = Version("0.19.8")
+
+# (module, name) pairs a DeepSpeed release pickles into its own checkpoints beyond torch's tensors and DeepSpeed's
+# optimizer classes: before 0.19, engine.py saves ``sparse_tensor_module_names`` as a set (seen in 0.16.0 and 0.18.0
+# model_states). A set is plain data; torch's weights_only unpickler builds it too.
+CHECKPOINT_PLAIN_DATA = {("builtins", "set")}
+
+
+def weights_only_classes() -> list:
+    """DeepSpeed's plain-data classes that its optim_states pickle and torch's weights_only unpickler must accept
+    (the same three in every supported release)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def zero_checkpoint_tensors(state_dict: dict, dtype: str, sizes_only: bool = False) -> dict:
+    """zero_to_fp32's lazily gathered tensors, materialized (or, ``sizes_only``, as empty tensors of their size) in
+    ``dtype`` (bf16 / fp16 / fp32); integer buffers keep their dtype, and tensors shared under two names stay one
+    tensor. Newer DeepSpeed converts in ``to_torch_tensor(dtype=...)`` itself; before that argument existed (0.18),
+    the same conversion happens here, after DeepSpeed's own materialization."""
+    import inspect
+
+    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
+
+    if "dtype" in inspect.signature(to_torch_tensor).parameters:
+        return to_torch_tensor(state_dict, return_empty_tensor=sizes_only, dtype=dtype)
+    return _converted(to_torch_tensor(state_dict, return_empty_tensor=sizes_only), dtype)
+
+
+def _converted(tensors: dict, dtype: str) -> dict:
+    """``tensors`` with every floating-point tensor in ``dtype``, one conversion per shared tensor."""
+    import torch
+
+    target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    converted = {}
+    for name, tensor in tensors.items():
+        if id(tensor) not in converted:
+            converted[id(tensor)] = tensor.to(target) if tensor.dtype.is_floating_point else tensor
+        tensors[name] = converted[id(tensor)]
+    return tensors

@@ -1,0 +1,73 @@
+"""transformers, accelerate and torch names that differ between the supported releases. Each function takes the
+newest spelling when the installed release has it, so nothing here calls a name the newest release deprecates."""
+
+
+# ---- transformers: activation (gradient) checkpointing ---------------------------------------------------------
+# transformers 5.25 renamed gradient_checkpointing* to activation_checkpointing* (the old names warn and go in v6),
+# on TrainingArguments and on PreTrainedModel alike.
+_ARG_NAMES = ("activation_checkpointing", "gradient_checkpointing")
+
+
+def checkpointing_arg_name(args) -> str:
+    """The TrainingArguments field that switches checkpointing on in the installed transformers."""
+    return next(name for name in _ARG_NAMES if hasattr(args, name))
+
+
+def checkpointing_on(args) -> bool:
+    return bool(any(getattr(args, name, None) for name in _ARG_NAMES))
+
+
+def checkpointing_kwargs(args):
+    return next((getattr(args, f"{name}_kwargs") for name in _ARG_NAMES if getattr(args, f"{name}_kwargs", None)), None)
+
+
+def turn_on_checkpointing(args) -> None:
+    setattr(args, checkpointing_arg_name(args), True)
+
+
+def set_checkpointing_kwargs(args, kwargs) -> None:
+    setattr(args, f"{checkpointing_arg_name(args)}_kwargs", kwargs)
+
+
+def model_checkpointing_on(model) -> bool:
+    """Whether the model runs its layers under activation checkpointing (False for a model without the switch)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def enable_model_checkpointing(model, kwargs: dict) -> None:
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+# ---- transformers: checkpoint rotation ---------------------------------------------------------------------------
+def rotate_checkpoints(trainer, output_dir: str, save_total_limit: int, best_model_checkpoint: str | None) -> None:
+    """Delete a run's oldest checkpoint-N folders beyond ``save_total_limit``, as the Trainer itself would (newest by
+    mtime; the best and the newest kept). transformers 5.2 made this a function; before it, a Trainer method that
+    reads the limit from the Trainer's arguments, lent back to it for the call."""
+    try:
+        from transformers.trainer_utils import rotate_checkpoints as rotate
+    except ImportError:
+        rotate = None
+    if rotate is not None:
+        rotate(output_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint,
+               use_mtime=True)
+        return
+    args = trainer.args
+    saved, args.save_total_limit = args.save_total_limit, save_total_limit
+    try:
+        trainer._rotate_checkpoints(use_mtime=True, output_dir=output_dir)
+    finally:
+        args.save_total_limit = saved
+
+
+# ---- torch ----------------------------------------------------------------------------------------------------------
+def set_allocator_settings(settings: str) -> None:
+    """The caching allocator's settings at run time: torch 2.9 moved the setter to the accelerator-generic API."""
+    import torch
+
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter(settings)

@@ -1,0 +1,105 @@
+"""The releases hf_zero supports and was tested on, and the installed ones (from package metadata: no import,
+since importing DeepSpeed sets up its accelerator)."""
+
+from importlib import metadata
+
+from packaging.version import Version
+
+# The oldest release of each package hf_zero runs on: setup.cfg declares exactly these (a test compares the two),
+# and CI's floor environment installs exactly these. Why each floor is where it is: docs/versions.md.
+FLOORS = {
+    "torch": "2.6.0",
+    "transformers": "5.0.0",
+    "accelerate": "1.12.0",
+    "deepspeed": "0.18.0",
+    "safetensors": "0.4.3",
+    "peft": "0.18.0",
+    "trl": "1.16.0",
+    "datasets": "4.7.0",
+    "evaluate": "0.4.6",
+}
+# Imported by hf_zero itself (install_requires); the others only by the features that use them (extras)
+REQUIRED = ("torch", "transformers", "accelerate", "deepspeed", "safetensors")
+
+# The newest release of each that CI's newest environment (make test) ran; a newer one is untested, not refused
+NEWEST_TESTED = {
+    "torch": "2.13.0",
+    "transformers": "5.25.0",
+    "accelerate": "1.16.0",
+    "deepspeed": "0.19.8",
+    "safetensors": "0.8.0",
+    "peft": "0.21.2",
+    "trl": "1.16.0",
+    "datasets": "5.2.0",
+    "evaluate": "0.4.6",
+}
+
+
+def installed_version(package: str) -> Version | None:
+    """The installed release of ``package`` (its local part, such as torch's "+cpu", dropped); None if absent."""
+    try:
+        return Version(Version(metadata.version(package)).public)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def deepspeed_version(given: str | None = None) -> Version | None:
+    """``given`` (tests pass other releases), else the installed DeepSpeed's; None when it is not installed."""
+    return Version(given) if given is not None else installed_version("deepspeed")
+
+
+def below_floor(packages=REQUIRED) -> list[str]:
+    """One line for each of ``packages`` that is missing or older than hf_zero's floor; [] when all are fine."""
+    problems = []
+    for package in packages:
+        installed, floor = installed_version(package), Version(FLOORS[package])
+        if installed is None:
+            problems.append(f"hf_zero needs {package}>={floor}, which is not installed. Fix: pip install '{package}>={floor}'")
+        elif installed < floor:
+            problems.append(f"hf_zero needs {package}>={floor}, but {package} {installed} is installed. "
+                            f"Fix: pip install '{package}>={floor}'")
+    return problems
+
+
+def require_supported_releases() -> None:
+    """Stop ``import hf_zero`` with one line (no traceback) when a package it imports is older than its floor
+    (installed with --no-deps, or pinned by a cluster): the alternative is an ImportError deep inside a run."""
+    problems = below_floor()
+    if problems:
+        raise SystemExit(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
+def require(package: str) -> None:
+    """For a feature that imports an optional package (peft, trl): a ValueError naming the release it needs when the
+    installed one is missing or older than the floor."""
+    problems = below_floor((package,))
+    if problems:
+        raise ValueError(problems[0])
+
+
+def untested_releases(packages=REQUIRED) -> list[tuple[str, Version, str]]:
+    """(package, installed, newest tested) for each of ``packages`` installed in a release newer than CI tested."""
+    found = []
+    for package in packages:
+        installed = installed_version(package)
+        if installed is not None and installed > Version(NEWEST_TESTED[package]):
+            found.append((package, installed, NEWEST_TESTED[package]))
+    return found
+
+
+def stack_report() -> list[tuple[str, str, str]]:
+    """(package, installed release or "not installed", verdict) for every package hf_zero knows, where the verdict
+    places the release against the tested window: "tested window", "newer than tested (N)", "below the floor (F)"."""
+    rows = []
+    for package, floor in FLOORS.items():
+        installed = installed_version(package)
+        if installed is None:
+            verdict = "required, missing" if package in REQUIRED else "optional"
+        elif installed < Version(floor):
+            verdict = f"below the floor ({floor})"
+        elif installed > Version(NEWEST_TESTED[package]):
+            verdict = f"newer than tested ({floor} to {NEWEST_TESTED[package]})"
+        else:
+            verdict = f"tested window ({floor} to {NEWEST_TESTED[package]})"
+        rows.append((package, str(installed) if installed else "not installed", verdict))
+    return rows
