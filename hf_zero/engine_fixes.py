@@ -2,7 +2,7 @@
 Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop)."""
 
 import torch
-from .compat.deepspeed_api import engine_fix_applies
+from .compat.deepspeed_api import cpu_adam_class, engine_fix_applies, zero_optimizer_classes
 
 def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | None:
     """Under ZeRO-1/2 with the optimizer offloaded, stop DeepSpeed testing each gradient for inf/NaN on the host;
@@ -84,8 +84,7 @@ def _plain_zero3_offload(optimizer) -> bool:
     """DeepSpeed's own ZeRO-3 optimizer with offload_optimizer, not ZenFlow or SuperOffload (their steps differ)."""
     if not getattr(optimizer, "offload_optimizer", False) or getattr(optimizer, "zenflow", False):
         return False
-    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # an engine exists: DeepSpeed is loaded
-
+    _, DeepSpeedZeroOptimizer_Stage3 = zero_optimizer_classes()  # an engine exists: DeepSpeed is loaded
     method = "_reassign_or_swap_out_partitioned_parameters"
     return isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3) and \
         getattr(type(optimizer), method) is getattr(DeepSpeedZeroOptimizer_Stage3, method)
@@ -199,8 +198,7 @@ def _plain_zero2_offload(optimizer) -> bool:
         return False
     if getattr(optimizer, "zenflow", False) or getattr(optimizer, "torch_autocast_gradscaler", None) is not None:
         return False
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    DeepSpeedCPUAdam, (DeepSpeedZeroOptimizer, _) = cpu_adam_class(), zero_optimizer_classes()
 
     if not isinstance(optimizer, DeepSpeedZeroOptimizer) or type(optimizer.optimizer) is not DeepSpeedCPUAdam:
         return False

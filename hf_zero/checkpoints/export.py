@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..compat.deepspeed_api import zero_checkpoint_tensors
+from ..compat.deepspeed_api import fp32_state_dict_from_zero_checkpoint, zero_checkpoint_tensors
 from ..errors import CheckpointError, ConfigError
 from .folders import ensure_complete, find_zero_checkpoint, shape_mismatches
 from .safe_load import guard_deepspeed_loads
@@ -41,10 +41,8 @@ def _check_output(out: Path, overwrite: bool) -> None:
 
 def _lazy_state_dict(root: Path, tag: str, trust: bool):
     """DeepSpeed's consolidation, lazily, with its chatter kept off stdout."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
     with guard_deepspeed_loads(trust=trust), contextlib.redirect_stdout(io.StringIO()):
-        return get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag, lazy_mode=True)
+        return fp32_state_dict_from_zero_checkpoint(str(root), tag)
 
 
 def _drop_aliases(state_dict: dict) -> list:

@@ -111,3 +111,46 @@ def _converted(tensors: dict, dtype: str) -> dict:
             converted[id(tensor)] = tensor.to(target) if tensor.dtype.is_floating_point else tensor
         tensors[name] = converted[id(tensor)]
     return tensors
+
+
+# ---- DeepSpeed internals hf_zero reaches for, by the path every supported release (0.18.0 to 0.19.x) keeps them at
+def zero_optimizer_classes() -> tuple:
+    """(ZeRO-1/2 optimizer, ZeRO-3 optimizer): the engine fixes patch instances of exactly these."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    return DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3
+
+
+def cpu_adam_class():
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam
+
+
+def zero_init_class():
+    """zero.Init's base class, which keeps torch's own F.linear (``linear_bk``) while zero.Init replaces it."""
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    return InsertPostInitMethodToModuleSubClasses
+
+
+def config_parser():
+    """DeepSpeed's own config parser, which ``hf-zero check`` runs on a config."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    return DeepSpeedConfig
+
+
+def tiled_mlp():
+    """ALST's sequence-tiled MLP (an autograd Function)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    return TiledMLP
+
+
+def fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | None, lazy: bool = True) -> dict:
+    """zero_to_fp32's consolidation of a ZeRO checkpoint (any stage, any world size), lazily by default."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag, lazy_mode=lazy)

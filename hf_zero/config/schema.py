@@ -2,6 +2,7 @@
 
 from collections.abc import KeysView
 
+from ..compat.deepspeed_api import config_parser
 from .findings import Finding
 
 
@@ -45,7 +46,8 @@ def schema_findings(filled: dict) -> list:
     hide the top-level keys DeepSpeed would ignore.
     """
     import pydantic
-    from deepspeed.runtime.config import DeepSpeedConfig
+
+    DeepSpeedConfig = config_parser()
 
     findings = []
     remaining = dict(filled)

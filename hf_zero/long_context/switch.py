@@ -20,6 +20,7 @@ import math
 import types
 from dataclasses import asdict, dataclass, fields
 
+from ..compat.deepspeed_api import tiled_mlp
 from ..errors import ConfigError
 from ..modeling import unwrap_model
 from .offload import offloaded
@@ -160,8 +161,9 @@ def _agreed_shards(x) -> int:
 
 
 def _tile(mlp) -> None:
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
     import torch
+
+    TiledMLP = tiled_mlp()
 
     dense_forward = mlp.forward  # the class's forward, bound to this module
     weights = list(mlp.parameters())

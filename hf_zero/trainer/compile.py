@@ -23,9 +23,9 @@ as well as compiled, on a tiny Llama with PEFT LoRA), so they cannot be made lea
 import torch
 from accelerate.utils import DynamoBackend
 from accelerate.utils.other import is_repeated_blocks
-from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as ZeroInit
 from deepspeed.utils import set_z3_leaf_module
 
+from ..compat.deepspeed_api import zero_init_class
 from ..config.live import keep_torch_linear
 from ..modeling import has_frozen_parameters
 
@@ -49,7 +49,7 @@ def compile_block_forwards(blocks: list, **compile_kwargs) -> None:
 
 def restore_torch_linear(config: dict) -> None:
     """Undo zero.Init's replacement of F.linear, and keep a later zero.Init with this config from redoing it."""
-    original = getattr(ZeroInit, "linear_bk", None)
+    original = getattr(zero_init_class(), "linear_bk", None)
     if original is not None:
         torch.nn.functional.linear = original
     keep_torch_linear(config)
