@@ -30,7 +30,7 @@ from hf_zero.config.dotted import get_dotted, offload_devices
 from hf_zero.distributed import barrier, has_gpu, is_distributed
 
 GIB = 1024**3
-# transformers 5.24 renamed gradient_checkpointing (kept as an alias); 5.17 only has the old name
+# transformers 5.23 renamed gradient_checkpointing (kept as an alias); 5.17 only has the old name
 _FIELDS = transformers.TrainingArguments.__dataclass_fields__
 CHECKPOINTING_ARG = "activation_checkpointing" if "activation_checkpointing" in _FIELDS else "gradient_checkpointing"
 

@@ -3,7 +3,7 @@ newest spelling when the installed release has it, so nothing here calls a name 
 
 
 # ---- transformers: activation (gradient) checkpointing ---------------------------------------------------------
-# transformers 5.25 renamed gradient_checkpointing* to activation_checkpointing* (the old names warn and go in v6),
+# transformers 5.23 renamed gradient_checkpointing* to activation_checkpointing* (the old names warn and go in v6),
 # on TrainingArguments and on PreTrainedModel alike.
 _ARG_NAMES = ("activation_checkpointing", "gradient_checkpointing")
 

@@ -99,6 +99,6 @@ _READ_BESIDE_THE_PARSE = {"sequence_parallel_size"}
 
 _IGNORED_KEY_HINTS = {
     "gradient_checkpointing": "remove it and pass gradient checkpointing to the Trainer "
-    "(TrainingArguments(gradient_checkpointing=True) / --gradient_checkpointing); DeepSpeed's "
+    "(TrainingArguments(activation_checkpointing=True), gradient_checkpointing=True before transformers 5.23); DeepSpeed's "
     "activation_checkpointing block only drives DeepSpeed's own checkpointing API, not HF models.",
 }

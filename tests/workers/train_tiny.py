@@ -18,7 +18,7 @@ import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails 
 import hf_zero
 
 
-# transformers 5.24 renamed gradient_checkpointing (kept as a deprecated alias)
+# transformers 5.23 renamed gradient_checkpointing (kept as a deprecated alias)
 CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
                      else "gradient_checkpointing")
 
