@@ -51,7 +51,7 @@ def test_deepcompile_with_zero3_warns_about_graph_breaks(good):
 def test_top_level_key_deepspeed_ignores(good):
     good["gradient_checkpointing"] = True
     [finding] = validate_config(good)
-    assert finding.code == "unknown-key" and "TrainingArguments(gradient_checkpointing=True)" in finding.fix
+    assert finding.code == "unknown-key" and "TrainingArguments(activation_checkpointing=True)" in finding.fix
 
 
 def test_misspelled_nested_key(good):
