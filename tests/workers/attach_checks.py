@@ -95,7 +95,13 @@ def scenarios(model_path: str, out: Path):
         out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10))))
     yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
     # gradient checkpointing: the user's use_reentrant kept as given, non-reentrant when none was given
-    gc = {"gradient_checkpointing": True}
+    # the newest spelling (transformers 5.23 renamed it; the old one warns there)
+    name = "activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__ \
+        else "gradient_checkpointing"
+    gc = {name: True}
+
+    def gc_kwargs(kwargs):
+        return {f"{name}_kwargs": kwargs}
 
     def reentrant(trainer):
         return {"use_reentrant": (gradient_checkpointing_kwargs(trainer.args) or {}).get("use_reentrant")}
@@ -104,16 +110,16 @@ def scenarios(model_path: str, out: Path):
         return {version: peft_recompute_problems(trainer.model, trainer.args, version) for version in ("0.19.2", "0.19.3")}
 
     yield run("reentrant_zero3", with_extra(lambda: attach(model_path, hf_args(
-        "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": True})), reentrant))
+        "zero3", **gc, **gc_kwargs({"use_reentrant": True}))), reentrant))
     yield run("reentrant_zero2", with_extra(lambda: attach(model_path, hf_args(
-        "zero2", **gc, gradient_checkpointing_kwargs={"use_reentrant": True})), reentrant))
+        "zero2", **gc, **gc_kwargs({"use_reentrant": True}))), reentrant))
     yield run("non_reentrant_zero3", with_extra(lambda: attach(model_path, hf_args(
-        "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": False})), reentrant))
+        "zero3", **gc, **gc_kwargs({"use_reentrant": False}))), reentrant))
     yield run("default_checkpointing_zero3", with_extra(lambda: attach(model_path, hf_args("zero3", **gc)), reentrant))
     # LoRA (frozen base) under ZeRO-3 with gradient checkpointing: non-reentrant fails before DeepSpeed 0.19.3
     for use_reentrant in (False, True):
         yield run(f"lora_reentrant_{use_reentrant}_zero3", with_extra(lambda: attach(model_path, hf_args(
-            "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": use_reentrant}), lora=True), recompute_problems))
+            "zero3", **gc, **gc_kwargs({"use_reentrant": use_reentrant})), lora=True), recompute_problems))
     # no kwargs given: what ZeroCallback picked (installed DeepSpeed) and what it picks for one without the fix
     def picked_defaults(trainer):
         return {**reentrant(trainer), "0.19.2": default_checkpointing_kwargs(trainer.model, trainer.args, "0.19.2")}
@@ -121,7 +127,7 @@ def scenarios(model_path: str, out: Path):
     yield run("lora_default_checkpointing_zero3", with_extra(lambda: attach(model_path, hf_args("zero3", **gc), lora=True),
                                                              picked_defaults))
     yield run("full_non_reentrant_zero3", with_extra(lambda: attach(model_path, hf_args(
-        "zero3", **gc, gradient_checkpointing_kwargs={"use_reentrant": False})), recompute_problems))
+        "zero3", **gc, **gc_kwargs({"use_reentrant": False}))), recompute_problems))
     # force_gather_on_save=False: gathering off is refused, gathering on is fine
     gather_off = config_file(out, "zero3_gather_off", "zero3", stage3_gather_16bit_weights_on_model_save=False)
     yield run("no_force_gather_off", lambda: attach(model_path, hf_args(gather_off), force_gather_on_save=False))

@@ -73,11 +73,14 @@ def main():
 
     config_name, trainer_name, extra, lr = CONFIGS[opts.trainer]
     config_class = hf_zero.zero_arguments(getattr(trl, config_name))
+    # the newest spelling (transformers 5.23 renamed it; the old one warns there)
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in config_class.__dataclass_fields__ \
+        else "gradient_checkpointing"
     if opts.trainer != "grpo":
         extra = {**extra, "max_length": 64}
     args = config_class(output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=lr,
                         logging_steps=1, report_to=[], save_strategy="no", deepspeed=opts.deepspeed, seed=0,
-                        disable_tqdm=True, lr_scheduler_type="constant", gradient_checkpointing=opts.gc, **extra)
+                        disable_tqdm=True, lr_scheduler_type="constant", **{checkpointing: opts.gc}, **extra)
     tokenizer = AutoTokenizer.from_pretrained(opts.model)
     tokenizer.chat_template = TRAINING_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=torch.float32)  # zero.Init under ZeRO-3: args exist
