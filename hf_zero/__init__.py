@@ -47,6 +47,7 @@ _PUBLIC = {
     "preset_descriptions": "config.presets",
     "preset_path": "config.presets",
     "recipe_path": "config.presets",
+    "RanksDivergedError": "errors",
     "release_zero3_config": "zero3.loading",
     "save_pretrained": "accelerate_loop",
     "saved_model_problems": "checkpoints.saved_models",

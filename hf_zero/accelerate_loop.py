@@ -21,10 +21,11 @@ from .config.dotted import zero_stage
 from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
 from .config.validate import check_config
-from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, world_size
+from .distributed import (accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, wait_for_every_rank,
+                          world_size)
 from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, RanksDivergedError
 from .offload_threads import threads_for_offload
 
 logger = logging.getLogger("hf_zero")
@@ -164,15 +165,11 @@ def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arriv
     out_dir = Path(out_dir)
     group = _SAVE_GROUPS.get(accelerator)
     if group is not None:
-        import torch.distributed as dist
-
         try:
-            dist.monitored_barrier(group=group, timeout=timedelta(seconds=arrival_timeout_s), wait_all_ranks=True)
-        except RuntimeError as e:
-            raise CheckpointError(f"hf_zero.save_pretrained waits for every rank (it gathers ZeRO-3's shards), but not "
-                                  f"all ranks called it within {arrival_timeout_s:g} s ({str(e).splitlines()[0]}). "
-                                  "Nothing was written. Fix: call it on every rank, not under "
-                                  "`if accelerator.is_main_process:`.") from None
+            wait_for_every_rank("hf_zero.save_pretrained (it gathers ZeRO-3's shards)", arrival_timeout_s,
+                                "call it on every rank, not under `if accelerator.is_main_process:`.", group)
+        except RanksDivergedError as e:
+            raise CheckpointError(f"{e} Nothing was written.") from None
     finish_offload_step(model)  # a step prepare(offload_step_in_forward=True) left to the next forward
     state = accelerator.get_state_dict(model)  # a collective: gathers ZeRO-3's 16-bit weights to rank 0
     unwrapped = accelerator.unwrap_model(model)

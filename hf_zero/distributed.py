@@ -140,13 +140,43 @@ def from_rank0(value):
     return box[0]
 
 
-def shutdown() -> None:
+# How long hf_zero.shutdown() waits for the last rank: long enough for rank 0 to finish writing a large model's
+# save (the other ranks arrive as soon as the gather is done), short of the 30 minutes NCCL would wait
+SHUTDOWN_ARRIVAL_TIMEOUT_S = 600
+
+
+def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> None:
+    """A barrier that gives up after ``timeout_s`` and names the ranks that did not arrive (torch's monitored
+    barrier, on a gloo group: NCCL has none). ``group``: a gloo group made earlier; by default the world's group
+    when it is gloo (CPU runs), else a gloo group made now (its creation waits at most ``timeout_s`` too).
+    Raises RanksDivergedError on every rank that gives up."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from .errors import RanksDivergedError
+
+    limit = timedelta(seconds=timeout_s)
+    try:
+        if group is None and dist.get_backend() != "gloo":
+            group = dist.new_group(backend="gloo", timeout=limit)
+        dist.monitored_barrier(group=group, timeout=limit, wait_all_ranks=True)
+    except RuntimeError as e:
+        raise RanksDivergedError(f"{what} waits for every rank, but not all of them arrived within {timeout_s:g} s "
+                                 f"({str(e).strip().splitlines()[0]}). Fix: {fix}") from None
+
+
+def shutdown(arrival_timeout_s: float = SHUTDOWN_ARRIVAL_TIMEOUT_S) -> None:
     """Wait for every rank, then tear the group down: ranks that exit while rank 0 still saves
-    made ZeRO-3 runs die with 'terminate called without an active exception'."""
+    made ZeRO-3 runs die with 'terminate called without an active exception'. A rank that never comes (stuck in a
+    collective the others left, such as a ZeRO-3 fetch inside a generate that ended earlier elsewhere) stops the
+    run after ``arrival_timeout_s`` with the ranks named, instead of a silent wait."""
     if is_distributed():
         import torch.distributed as dist
 
-        dist.barrier()
+        wait_for_every_rank("hf_zero.shutdown()", arrival_timeout_s,
+                            "every rank must reach it; a rank still inside a collective the others skipped (under "
+                            "ZeRO-3, a forward or generate that ran on some ranks only) never does.")
         dist.destroy_process_group()
         # Gloo work objects that still hold tensors are freed now, with the interpreter whole: freed
         # during its teardown they can still abort a finished rank the same way (rarely; seen in tests)

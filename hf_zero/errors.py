@@ -2,8 +2,9 @@
 
     HfZeroError
     ├── ConfigError            a DeepSpeed/Trainer configuration that would fail or silently misbehave
-    └── CheckpointError        a checkpoint or saved folder that is incomplete, will not reload, or cannot be written
-        └── UnsafeCheckpointError  a checkpoint pickle that would run code when loaded
+    ├── CheckpointError        a checkpoint or saved folder that is incomplete, will not reload, or cannot be written
+    │   └── UnsafeCheckpointError  a checkpoint pickle that would run code when loaded
+    └── RanksDivergedError     ranks of one run that did not reach the same point (one waits, another never comes)
 
 Each carries every problem found (``.problems``), each a line saying what is wrong and how to fix it,
 so a user fixes them all in one go instead of one per run. The CLI prints the message and exits 2.
@@ -36,3 +37,7 @@ class CheckpointError(HfZeroError, ValueError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint whose pickles import something outside the allow-list: loading it could run code."""
+
+
+class RanksDivergedError(HfZeroError, RuntimeError):
+    """Ranks of one run that did not reach the same point in time: raised instead of waiting without end."""
