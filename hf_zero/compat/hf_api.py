@@ -44,17 +44,17 @@ def enable_model_checkpointing(model, kwargs: dict) -> None:
 
 
 # ---- transformers: checkpoint rotation ---------------------------------------------------------------------------
-def rotate_checkpoints(trainer, output_dir: str, save_total_limit: int, best_model_checkpoint: str | None) -> None:
+def rotate_checkpoints(trainer, output_dir: str, save_total_limit: int) -> None:
     """Delete a run's oldest checkpoint-N folders beyond ``save_total_limit``, as the Trainer itself would (newest by
-    mtime; the best and the newest kept). transformers 5.2 made this a function; before it, a Trainer method that
-    reads the limit from the Trainer's arguments, lent back to it for the call."""
+    mtime; the newest and the Trainer's best checkpoint kept). transformers 5.2 made this a function; before it, a
+    Trainer method that reads the limit from the Trainer's arguments, lent back to it for the call."""
     try:
         from transformers.trainer_utils import rotate_checkpoints as rotate
     except ImportError:
         rotate = None
     if rotate is not None:
-        rotate(output_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint,
-               use_mtime=True)
+        rotate(output_dir, save_total_limit=save_total_limit,
+               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
         return
     args = trainer.args
     saved, args.save_total_limit = args.save_total_limit, save_total_limit

@@ -384,7 +384,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if not problems and self._save_total_limit:
                 # Only now may older checkpoints go: the newest is known to be complete. Newest by
                 # mtime, as the Trainer does, so stale higher-numbered folders of an earlier run don't win.
-                rotate_checkpoints(self.trainer, args.output_dir, self._save_total_limit, state.best_model_checkpoint)
+                rotate_checkpoints(self.trainer, args.output_dir, self._save_total_limit)
         problems = from_rank0(problems)  # every rank raises together
         if problems:
             raise CheckpointError("hf_zero: checkpoint is incomplete or will not reload (older checkpoints were kept): "

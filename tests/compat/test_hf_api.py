@@ -60,7 +60,8 @@ def test_rotation_keeps_the_newest_and_the_best(tmp_path):
         os.utime(tmp_path / f"checkpoint-{step}", (stamp, stamp))
     trainer = Trainer(model=_tiny_llama(), args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
                                                                   report_to=[], save_total_limit=None))
-    hf_api.rotate_checkpoints(trainer, str(tmp_path), 2, str(tmp_path / "checkpoint-1"))
+    trainer.state.best_model_checkpoint = str(tmp_path / "checkpoint-1")
+    hf_api.rotate_checkpoints(trainer, str(tmp_path), 2)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-")) == \
         ["checkpoint-1", "checkpoint-4"]
     assert trainer.args.save_total_limit is None  # lent to the Trainer's own method (older releases) and returned
