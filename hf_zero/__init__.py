@@ -12,7 +12,6 @@ nor DeepSpeed until something needs them.
 
 import importlib
 
-from . import moved_modules
 from .compat.releases import require_supported_releases
 
 # a package older than its floor stops here with one line, not with an ImportError deep inside a run
@@ -46,7 +45,6 @@ _PUBLIC = {
     "prepare_resume": "checkpoints.resume",
     "preset_descriptions": "config.presets",
     "preset_path": "config.presets",
-    "recipe_path": "config.presets",
     "RanksDivergedError": "errors",
     "release_zero3_config": "zero3.loading",
     "save_pretrained": "accelerate_loop",
@@ -77,5 +75,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_PUBLIC) | set(_SUBMODULES))
 
-
-moved_modules.install()

@@ -15,7 +15,7 @@ ZERO3_COMPILE_NOTE = ("note: under ZeRO-3, compile through the HF Trainer with h
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("presets", aliases=["recipes"], help="list the DeepSpeed presets, or print the path of one",
+    p = subparsers.add_parser("presets", help="list the DeepSpeed presets, or print the path of one",
                               description="Without NAME: list the presets. With NAME: print its JSON path.")
     p.add_argument("name", nargs="?", help="preset name, e.g. zero3")
     p.add_argument("--out", help="write the resolved config (with --nvme-path filled in) to this JSON file")

@@ -1,7 +1,6 @@
 """Presets (the DeepSpeed configs shipped in recipes/) and reading any config: a preset name, a JSON file, or a dict."""
 
 import copy
-import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -42,12 +41,6 @@ def preset_path(name: str) -> Path:
     if name not in preset_descriptions():
         raise _unknown_preset(name)
     return _presets_dir() / f"{name}.json"
-
-
-def recipe_path(name: str) -> Path:
-    """Deprecated name of :func:`preset_path`."""
-    warnings.warn("hf_zero.recipe_path is deprecated; use hf_zero.preset_path", DeprecationWarning, stacklevel=2)
-    return preset_path(name)
 
 
 def _read_json(path: Path) -> dict:

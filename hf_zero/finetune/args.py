@@ -13,8 +13,7 @@ class FinetuneArguments:
     model: str = field(metadata={"help": "Hub id or local folder of the pretrained model"})
     data: str = field(metadata={"help": "local csv/json/jsonl/txt file(s) (globs allowed) or a `datasets` name"})
     task: str = field(default="classification", metadata={"help": "classification, causal_lm or chat"})
-    preset: str | None = field(default=None, metadata={"aliases": ["--recipe"],
-                                                       "help": "hf_zero preset or DeepSpeed JSON (default: zero3 on CPU "
+    preset: str | None = field(default=None, metadata={"help": "hf_zero preset or DeepSpeed JSON (default: zero3 on CPU "
                                                                "and for models too big for one GPU, else zero2)"})
     text_column: str = field(default="text", metadata={"help": "column with the text"})
     label_column: str = field(default="label", metadata={"help": "column with the class label (classification)"})

@@ -63,9 +63,8 @@ def single_process_note(config: dict, stage, ranks: int) -> str | None:
     if ranks != 1 or not stage or offload_devices(config):
         return None
     return (f"ZeRO-{stage} on a single process shards nothing: the whole model, its gradients and Adam states stay "
-            "on this device, and DeepSpeed's bookkeeping only slows each step (1.35B model on one H200: zero2 ran at "
-            "58% and zero3 at 43% of the plain Trainer's tokens/s, with 93% and 105% of its memory; "
-            "hf_zero's docs, performance.md). Fix: train without a DeepSpeed config, launch more processes, or use "
+            "on this device, and DeepSpeed's bookkeeping only slows each step (measured: hf_zero's docs, "
+            "performance.md). Fix: train without a DeepSpeed config, launch more processes, or use "
             "an offload preset (zero2_offload, zero3_offload) when the model does not fit.")
 
 

@@ -17,6 +17,6 @@ def padding_advice(collator, on_gpu: bool) -> str | None:
     if collator.pad_to_multiple_of or getattr(collator, "padding", True) in ("max_length", False, "do_not_pad"):
         return None
     return (f"{type(collator).__name__} pads each batch to its longest sample, so every batch has a new, unaligned "
-            f"width. On GPUs pad_to_multiple_of={GPU_PAD_MULTIPLE} measured 1.3x the real tokens/s eager and 1.5x with "
-            f"regional torch.compile (1.35B model, one H200; hf_zero's docs, performance.md). Fix: "
+            f"width. On GPUs pad_to_multiple_of={GPU_PAD_MULTIPLE} trains more real tokens per second, eager and "
+            f"more so with regional torch.compile (measured: hf_zero's docs, performance.md). Fix: "
             f"{type(collator).__name__}(tokenizer, pad_to_multiple_of={GPU_PAD_MULTIPLE})")

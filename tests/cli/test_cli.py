@@ -16,12 +16,6 @@ def test_presets_lists_each_preset_with_a_line(capsys):
         assert f"\n{name} " in "\n" + out
 
 
-def test_recipes_is_an_alias_of_presets(capsys):
-    assert main(["recipes", "zero3"]) == 0
-    alias = capsys.readouterr().out
-    assert main(["presets", "zero3"]) == 0
-    assert alias == capsys.readouterr().out
-
 
 def test_presets_prints_the_path(capsys):
     assert main(["presets", "zero3"]) == 0
@@ -110,8 +104,7 @@ def test_finetune_refuses_a_bad_config_before_training(tmp_path, capsys, config,
     path.write_text(json.dumps(config))
     data = tmp_path / "d.csv"
     data.write_text("text,label\na,0\nb,1\n")
-    # --recipe: the older name of --preset, still accepted
-    assert main(["finetune", "--model", str(tmp_path), "--data", str(data), "--recipe", str(path),
+    assert main(["finetune", "--model", str(tmp_path), "--data", str(data), "--preset", str(path),
                  "--output_dir", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
 

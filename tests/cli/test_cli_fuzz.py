@@ -229,7 +229,7 @@ def test_finetune_fuzz_stays_out_of_training(scratch, tiny_models):
     # the guard the fuzz relies on: a config without a batch size stops parsing with exit 2
     recipe = _write(scratch / "recipe.json", b"{\"zero_optimization\": {\"stage\": 2}}")
     code, out, err = _run_cli(["finetune", "--model", str(tiny_models["llama"]), "--data", str(scratch / "none.csv"),
-                               "--recipe", str(recipe), "--output_dir", str(scratch / "ft_out")])
+                               "--preset", str(recipe), "--output_dir", str(scratch / "ft_out")])
     assert code == 2 and "batch size" in err
 
 

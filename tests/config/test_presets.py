@@ -70,8 +70,3 @@ def test_preset_path_and_unknown_name():
     assert json.loads(hf_zero.preset_path("zero2").read_text())["zero_optimization"]["stage"] == 2
     with pytest.raises(hf_zero.ConfigError, match="unknown preset 'zero9'.*zero1, zero2"):
         hf_zero.preset_path("zero9")
-
-
-def test_recipe_path_is_a_deprecated_alias_of_preset_path():
-    with pytest.warns(DeprecationWarning, match="preset_path"):
-        assert hf_zero.recipe_path("zero3") == hf_zero.preset_path("zero3")

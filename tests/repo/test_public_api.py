@@ -1,14 +1,11 @@
-"""hf_zero's public names: each importable from hf_zero, loaded on first use, and old module paths still import."""
+"""hf_zero's public names: each importable from hf_zero, loaded on first use."""
 
-import importlib
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 import hf_zero
-from hf_zero.moved_modules import MOVED
 
 
 @pytest.mark.parametrize("name", hf_zero.__all__)
@@ -24,16 +21,6 @@ def test_import_hf_zero_loads_neither_torch_nor_deepspeed():
 def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         hf_zero.nope  # noqa: B018
-
-
-@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
-def test_an_old_module_path_imports_the_new_module_with_a_warning(old, new):
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
 
 
 def test_lora_namespace_keeps_its_names():
