@@ -27,6 +27,7 @@ from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
 from .errors import CheckpointError, ConfigError, RanksDivergedError
 from .offload_threads import threads_for_offload
+from .zero3.divergence import divergence_check_problem, watch_fetch_order
 
 logger = logging.getLogger("hf_zero")
 
@@ -34,6 +35,8 @@ logger = logging.getLogger("hf_zero")
 _FIXED = weakref.WeakSet()
 # Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
 _SAVE_GROUPS = weakref.WeakKeyDictionary()
+# engine -> its FetchOrderWatch (or None): kept alive with the engine
+_FETCH_WATCHES = weakref.WeakKeyDictionary()
 SAVE_ARRIVAL_TIMEOUT_S = 120
 
 
@@ -106,7 +109,7 @@ def _with_preset_optimizer(config: dict, optimizer):
 
 
 def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
-            offload_step_chunk: int | None = None):
+            offload_step_chunk: int | None = None, divergence_check: str = "first_steps"):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
     model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
 
@@ -117,10 +120,14 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     optimizer step's host work runs in the next forward, ``offload_step_chunk`` elements at a time (the same bits).
     It is opt-in here because a loop may read parameter tensors between ``optimizer.step()`` and the next forward;
     a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step first, and
-    ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
+    ``hf_zero.finish_offload_step(model)`` finishes it on demand.
+
+    ``divergence_check``: under ZeRO-3 on several ranks, check before each parameter gather that every rank is about
+    to gather the same module, and stop with the modules named when they are not ("first_steps": the first optimizer
+    steps; "always"; "off"), as ZeroCallback does."""
     import torch
 
-    problem = step_chunk_problem(offload_step_chunk)
+    problem = step_chunk_problem(offload_step_chunk) or divergence_check_problem(divergence_check)
     if problem:
         raise ConfigError(problem)
     plugin = accelerator.state.deepspeed_plugin
@@ -146,6 +153,7 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
     if problems:
         raise ConfigError(problems)
+    _FETCH_WATCHES[engine] = watch_fetch_order(engine, divergence_check)
     from accelerate.utils import DynamoBackend
 
     # torch.compile would trace the forward hooks that finish the step

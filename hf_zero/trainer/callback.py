@@ -24,6 +24,7 @@ from ..long_context import LongContext, enable_long_context
 from ..offload_threads import AUTO, threads_for_offload
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
                                  sequence_parallel_problems)
+from ..zero3.divergence import divergence_check_problem, watch_fetch_order
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems, set_gradient_checkpointing_kwargs,
@@ -125,7 +126,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
-                 offload_step_chunk: int | None = None, offload_step_in_forward: bool = True):
+                 offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
+                 divergence_check: str = "first_steps"):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
@@ -136,6 +138,11 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(chunk_problem)
         self.offload_step_chunk = offload_step_chunk
         self.offload_step_in_forward = offload_step_in_forward
+        divergence_problem = divergence_check_problem(divergence_check)
+        if divergence_problem:
+            raise ConfigError(divergence_problem)
+        self.divergence_check = divergence_check
+        self._fetch_watch = None
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.stage = None
@@ -149,7 +156,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
                 "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
                 "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
-                "offload_step_in_forward": self.offload_step_in_forward,
+                "offload_step_in_forward": self.offload_step_in_forward, "divergence_check": self.divergence_check,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -358,6 +365,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                                                   self.offload_step_chunk) if self.overlap_offload_copies else []
         for note in self.engine_fixes if state.is_world_process_zero else []:
             logger.info("hf_zero: %s", note)
+        self._fetch_watch = watch_fetch_order(self.trainer.model_wrapped, self.divergence_check)
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
                         ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")
@@ -402,6 +410,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if self.trainer is not None:  # the last step's weights, final before anyone reads them
             finish_offload_step(self.trainer.model_wrapped)
+        if self._fetch_watch is not None:
+            self._fetch_watch.remove()
         # So the final save_model() writes a model that generates with a cache.
         if self._saved_use_cache is not None and model is not None:
             model.config.use_cache = self._saved_use_cache

@@ -1,0 +1,94 @@
+"""A tiny model whose forward takes a branch on rank 0 only, trained by the Trainer under ZeRO-3 with ZeroCallback on
+two ranks, its parameters released after each use (so every module's forward gathers them with a collective).
+
+Rank by rank it prints what ended the run: "diverged after S s: MESSAGE", or how many checks ZeroCallback's
+divergence watch ran and whether its hooks were still on at the end, then FINISHED."""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, default_data_collator
+
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
+import hf_zero
+
+VOCAB = 32
+
+
+class Branchy(torch.nn.Module):
+    """Embedding, a linear layer only rank 0 runs (from step ``diverge_at`` on), a shared layer, a head."""
+
+    def __init__(self, diverge_at):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.rank_zero_only = torch.nn.Linear(16, 16)
+        self.shared = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, VOCAB)
+        self.diverge_at = diverge_at
+        self.engine = []  # a list, so the engine is not registered as a submodule
+
+    def forward(self, input_ids, labels=None):
+        hidden = self.embed(input_ids)
+        step = self.engine[0].global_steps if self.engine else 0
+        if self.diverge_at is not None and step >= self.diverge_at and torch.distributed.get_rank() == 0:
+            hidden = self.rank_zero_only(hidden)
+        logits = self.head(self.shared(hidden))
+        return {"loss": F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)), "logits": logits}
+
+
+def say(line: str) -> None:
+    """One write per line: the workers run unbuffered, and print's separate newline interleaves with the other rank's."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class EngineAware(Trainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.model.engine[:] = [self.model_wrapped]  # the model reads the engine's step to decide its branch
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--diverge-at", type=int, default=None, help="rank 0 takes its own branch from this step on")
+    p.add_argument("--check", default="first_steps")
+    p.add_argument("--steps", type=int, default=4)
+    opts = p.parse_args()
+
+    hf_zero.init_distributed()
+    config = hf_zero.load_config("zero3")
+    # released after every use: each module's forward really gathers its parameters
+    config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0,
+                                       stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+    args = hf_zero.TrainingArguments(output_dir=opts.out, deepspeed=config, per_device_train_batch_size=2,
+                                     max_steps=opts.steps, learning_rate=1e-3, report_to=[], save_strategy="no",
+                                     logging_steps=1, disable_tqdm=True, seed=0)
+    torch.manual_seed(0)
+    data = [{"input_ids": torch.randint(0, VOCAB, (8,)), "labels": torch.randint(0, VOCAB, (8,))} for _ in range(64)]
+    callback = hf_zero.ZeroCallback(divergence_check=opts.check)
+    trainer = EngineAware(model=Branchy(opts.diverge_at), args=args, train_dataset=data,
+                          data_collator=default_data_collator, callbacks=[callback])
+    rank = torch.distributed.get_rank()
+    started = time.monotonic()
+    try:
+        trainer.train()
+    except hf_zero.RanksDivergedError as e:
+        say(f"rank {rank} diverged after {time.monotonic() - started:.1f} s: {e}")
+        # both ranks raised at the same check: wait for each other to print before either exits (the launcher stops
+        # the other ranks as soon as one fails)
+        torch.distributed.barrier()
+        raise SystemExit(3)
+    watch = callback._fetch_watch
+    say("WATCH " + json.dumps({"rank": rank, "checks": watch.checks if watch else None,
+                               "hooks_left": len(watch.handles) if watch else None}))
+    hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED
+
+
+if __name__ == "__main__":
+    main()
