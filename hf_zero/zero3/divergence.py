@@ -133,12 +133,16 @@ class FetchOrderWatch:
 
 def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | None:
     """Start a FetchOrderWatch on a built ZeRO-3 engine with more than one data-parallel rank; None where there is
-    nothing to compare (one rank, another stage, ``mode`` "off")."""
+    nothing to compare (one rank, another stage, ``mode`` "off") or where the engine's forward is compiled whole
+    (DeepCompile, engine.compile()): ZeRO-3's own hooks are off there, and a host collective in a module hook would
+    break the graph."""
     import torch.distributed as dist
 
     if mode == "off" or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     if getattr(engine, "zero_optimization_stage", lambda: 0)() != 3:
+        return None
+    if any(getattr(engine, name, lambda: False)() for name in ("is_deepcompile_enabled", "is_compiled")):
         return None
     from datetime import timedelta
 
