@@ -28,6 +28,7 @@ from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk
 from .errors import CheckpointError, ConfigError, RanksDivergedError
 from .offload_threads import threads_for_offload
 from .zero3.divergence import divergence_check_problem, watch_fetch_order
+from .zero3.generation import keep_generation_in_step
 
 logger = logging.getLogger("hf_zero")
 
@@ -154,6 +155,8 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     if problems:
         raise ConfigError(problems)
     _FETCH_WATCHES[engine] = watch_fetch_order(engine, divergence_check)
+    if zero_stage(config) == 3 and world_size() > 1:
+        keep_generation_in_step(accelerator.unwrap_model(engine))
     from accelerate.utils import DynamoBackend
 
     # torch.compile would trace the forward hooks that finish the step

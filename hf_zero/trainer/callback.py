@@ -25,6 +25,7 @@ from ..offload_threads import AUTO, threads_for_offload
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
                                  sequence_parallel_problems)
 from ..zero3.divergence import divergence_check_problem, watch_fetch_order
+from ..zero3.generation import keep_generation_in_step
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems, set_gradient_checkpointing_kwargs,
@@ -366,6 +367,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
         for note in self.engine_fixes if state.is_world_process_zero else []:
             logger.info("hf_zero: %s", note)
         self._fetch_watch = watch_fetch_order(self.trainer.model_wrapped, self.divergence_check)
+        if self.stage == 3 and launched > 1:
+            keep_generation_in_step(model)
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
                         ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")

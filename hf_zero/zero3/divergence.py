@@ -131,6 +131,12 @@ class FetchOrderWatch:
                 "See hf_zero's docs, callback.md (divergence_check).")
 
 
+def _flag(engine, name: str) -> bool:
+    """An engine flag that DeepSpeed spells as a method or as a property, depending on the flag."""
+    value = getattr(engine, name, False)
+    return bool(value() if callable(value) else value)
+
+
 def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | None:
     """Start a FetchOrderWatch on a built ZeRO-3 engine with more than one data-parallel rank; None where there is
     nothing to compare (one rank, another stage, ``mode`` "off") or where the engine's forward is compiled whole
@@ -142,7 +148,7 @@ def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | No
         return None
     if getattr(engine, "zero_optimization_stage", lambda: 0)() != 3:
         return None
-    if any(getattr(engine, name, lambda: False)() for name in ("is_deepcompile_enabled", "is_compiled")):
+    if any(_flag(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
         return None
     from datetime import timedelta
 
