@@ -305,41 +305,8 @@ def _zenflow_zero3(deepspeed: Version | None) -> Finding:
                    "run benchmarks/cpu/zenflow_zero3/repro.py before trusting a save.", fix)
 
 
-# bitsandbytes' storage dtype names, as a model's config.json writes them, against the training dtypes
-_STORAGE_OF = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def _training_dtype(context) -> str | None:
-    """The 16-bit (or fp32) dtype the model trains in: the model's own dtype when its config says, else the
-    precision the DeepSpeed config (or, for "auto", the Trainer) turns on; None when nothing says."""
-    named = context.model_config.get("dtype") or context.model_config.get("torch_dtype")
-    if isinstance(named, str) and named.removeprefix("torch.") in _STORAGE_OF.values():
-        return named.removeprefix("torch.")
-    precision = half_precision(context.config, context.trainer_args)
-    return None if precision == "auto" else _STORAGE_OF[precision or "fp32"]
-
-
-def _quantized_base(context):
-    """QLoRA under ZeRO-3: a bitsandbytes 4-bit base is partitioned only when its packed weights are stored in the
-    dtype of the model's other parameters (bnb_4bit_quant_storage); with bitsandbytes' default (uint8) zero.Init
-    leaves the whole base on every GPU without a word."""
-    quantization = context.model_config.get("quantization_config")
-    if context.zero.get("stage") != 3 or not isinstance(quantization, dict) or not quantization.get("load_in_4bit"):
-        return []
-    storage = str(quantization.get("bnb_4bit_quant_storage") or "uint8").removeprefix("torch.")
-    dtype = _training_dtype(context)
-    if dtype is None or storage == dtype:
-        return []
-    return [Finding("qlora-quant-storage", "error",
-                    f"the model's 4-bit base stores its packed weights as {storage} (bnb_4bit_quant_storage) while the "
-                    f"model trains in {dtype}: ZeRO-3 partitions only parameters of the training dtype, so it leaves "
-                    "the whole quantized base on every GPU, unsharded, without a word.",
-                    f"load it with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_storage=torch.{dtype}, ...) "
-                    f"(and dtype=torch.{dtype} in from_pretrained).")]
-
-
 RULES = (_auto, _batch, _precision, _stage_keys, _offload, _saves, _leaf_modules, _deepcompile,
-         _sequence_parallel_size_key, _zenflow, _offload_accumulation, _partial_offload, _quantized_base)
+         _sequence_parallel_size_key, _zenflow, _offload_accumulation, _partial_offload)
 
 
 def config_findings(context: CheckContext) -> list:

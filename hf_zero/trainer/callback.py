@@ -21,7 +21,6 @@ from ..engine_checks import engine_problems, layout_problems, parallel_sizes, tr
 from ..engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
 from ..errors import CheckpointError, ConfigError
 from ..long_context import LongContext, enable_long_context
-from ..modeling import unwrap_model
 from ..offload_threads import AUTO, threads_for_offload
 from ..sequence_parallel import (active_parallelism_config, attention_head_counts, check_batches_of,
                                  sequence_parallel_problems)
@@ -284,10 +283,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if not has_gpu():
             for note in drop_gpu_only_settings(config):  # the engine is built later from this dict
                 self._warn(note)
-        model_config = getattr(unwrap_model(model), "config", None)
         for finding in check_config(config, on_cpu=not has_gpu(), world_size=world_size(), environment=True,
-                                    sequence_parallel=sp, trainer_args={"bf16": args.bf16, "fp16": args.fp16},
-                                    model_config=model_config.to_dict() if hasattr(model_config, "to_dict") else None):
+                                    sequence_parallel=sp):
             if finding.code != "zero3-no-gather":
                 self._warn(str(finding))
         self.stage = zero_stage(config)

@@ -264,16 +264,6 @@ def test_quiet_adapters_kept_fp32_with_cast_adapters_false(attach_checks):
     assert result["warnings"] == [] and result["error"] is None and result["adapter_dtypes"] == ["torch.float32"]
 
 
-def test_qlora_base_stored_in_another_dtype_is_refused(attach_checks):
-    error = attach_checks("qlora_storage_uint8")["error"]
-    assert "stores its packed weights as uint8" in error and "bnb_4bit_quant_storage=torch.bfloat16" in error
-
-
-def test_quiet_about_a_qlora_base_stored_in_the_training_dtype(attach_checks):
-    result = attach_checks("qlora_storage_bf16")
-    assert result["error"] is None and not any("quant_storage" in w for w in result["warnings"])
-
-
 def test_non_reentrant_checkpointing_of_lora_is_stopped_only_before_the_deepspeed_fix(attach_checks):
     # A DeepSpeed >= 0.19.3 attaches without an error; judged as 0.19.2 (CheckpointError there) the same args and
     # PeftModel are refused, with the fix in the message. The installed DeepSpeed is judged as what it is: the floor

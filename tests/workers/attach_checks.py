@@ -49,12 +49,8 @@ def config_file(out: Path, name: str, preset: str, **zero) -> str:
     return str(path)
 
 
-def attach(model_path, args, *, bf16_model=False, lora=False, quant_storage=None, **callback_options):
+def attach(model_path, args, *, bf16_model=False, lora=False, **callback_options):
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if bf16_model else torch.float32)
-    if quant_storage is not None:
-        # what a bitsandbytes 4-bit load writes into the config (bitsandbytes itself needs a GPU): the rule reads it
-        model.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True,
-                                            "bnb_4bit_quant_storage": quant_storage}
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -98,11 +94,6 @@ def scenarios(model_path: str, out: Path):
     yield run("finding_warning", lambda: attach(model_path, hf_args(config_file(
         out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10))))
     yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
-    # QLoRA's storage dtype against the model's (bf16 here): refused when they differ under ZeRO-3
-    yield run("qlora_storage_uint8", lambda: attach(model_path, hf_args("zero3", bf16=True), bf16_model=True,
-                                                    quant_storage="uint8"))
-    yield run("qlora_storage_bf16", lambda: attach(model_path, hf_args("zero3", bf16=True), bf16_model=True,
-                                                   quant_storage="bfloat16"))
     # gradient checkpointing: the user's use_reentrant kept as given, non-reentrant when none was given
     # the newest spelling (transformers 5.23 renamed it; the old one warns there)
     name = "activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__ \
