@@ -146,6 +146,8 @@ def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | No
 
     if mode == "off" or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
+    if dist.get_backend() == "fake":  # hf-zero bench --simulate-ranks: the other ranks do not exist
+        return None
     if getattr(engine, "zero_optimization_stage", lambda: 0)() != 3:
         return None
     if any(_flag(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
