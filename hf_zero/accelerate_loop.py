@@ -36,8 +36,6 @@ logger = logging.getLogger("hf_zero")
 _FIXED = weakref.WeakSet()
 # Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
 _SAVE_GROUPS = weakref.WeakKeyDictionary()
-# engine -> its FetchOrderWatch (or None): kept alive with the engine
-_FETCH_WATCHES = weakref.WeakKeyDictionary()
 SAVE_ARRIVAL_TIMEOUT_S = 120
 
 
@@ -154,9 +152,8 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
     if problems:
         raise ConfigError(problems)
-    _FETCH_WATCHES[engine] = watch_fetch_order(engine, divergence_check)
-    if zero_stage(config) == 3 and world_size() > 1:
-        keep_generation_in_step(accelerator.unwrap_model(engine))
+    watch_fetch_order(engine, divergence_check)  # its hooks on the model keep it alive
+    keep_generation_in_step(engine)
     from accelerate.utils import DynamoBackend
 
     # torch.compile would trace the forward hooks that finish the step

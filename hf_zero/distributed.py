@@ -145,6 +145,14 @@ def from_rank0(value):
 SHUTDOWN_ARRIVAL_TIMEOUT_S = 600
 
 
+def simulated_ranks() -> bool:
+    """Whether the process group is torch's fake one (hf-zero bench --simulate-ranks): this process plays rank 0 and
+    the other ranks do not exist, so there is no one to wait for or compare with."""
+    import torch.distributed as dist
+
+    return dist.get_backend() == "fake"
+
+
 def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> None:
     """A barrier that gives up after ``timeout_s`` and names the ranks that did not arrive (torch's monitored
     barrier, on a gloo group: NCCL has none). ``group``: a gloo group made earlier; by default the world's group
@@ -156,7 +164,7 @@ def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> No
 
     from .errors import RanksDivergedError
 
-    if dist.get_backend() == "fake":  # hf-zero bench --simulate-ranks: the other ranks do not exist
+    if simulated_ranks():
         return
     limit = timedelta(seconds=timeout_s)
     try:

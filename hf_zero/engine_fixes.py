@@ -4,6 +4,7 @@ Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate lo
 import torch
 from .compat.deepspeed_api import cpu_adam_class, engine_fix_applies, zero_optimizer_classes
 
+
 def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | None:
     """Under ZeRO-1/2 with the optimizer offloaded, stop DeepSpeed testing each gradient for inf/NaN on the host;
     returns a note when it did, None when the engine does not need it.

@@ -69,14 +69,6 @@ def require_supported_releases() -> None:
         raise SystemExit(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
-def require(package: str) -> None:
-    """For a feature that imports an optional package (peft, trl): a ValueError naming the release it needs when the
-    installed one is missing or older than the floor."""
-    problems = below_floor((package,))
-    if problems:
-        raise ValueError(problems[0])
-
-
 def untested_releases(packages=REQUIRED) -> list[tuple[str, Version, str]]:
     """(package, installed, newest tested) for each of ``packages`` installed in a release newer than CI tested."""
     found = []

@@ -367,8 +367,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         for note in self.engine_fixes if state.is_world_process_zero else []:
             logger.info("hf_zero: %s", note)
         self._fetch_watch = watch_fetch_order(self.trainer.model_wrapped, self.divergence_check)
-        if self.stage == 3 and launched > 1:
-            keep_generation_in_step(model)
+        keep_generation_in_step(self.trainer.model_wrapped)
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
                         ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")

@@ -11,11 +11,8 @@ others is caught where it stops. Its cost is one small host-side all_gather per 
 forward; ZeroCallback and hf_zero.prepare keep it for the first steps of a run by default.
 """
 
-import logging
-
+from ..distributed import is_distributed, simulated_ranks
 from ..errors import RanksDivergedError
-
-logger = logging.getLogger("hf_zero")
 
 # Optimizer steps watched by default: the first steps are where a data or code path that differs between ranks
 # shows (a mixed-modality batch, a branch on the rank); later ones cost the exchange for little
@@ -131,6 +128,15 @@ class FetchOrderWatch:
                 "See hf_zero's docs, callback.md (divergence_check).")
 
 
+def zero3_on_several_ranks(engine) -> bool:
+    """Whether ``engine`` runs ZeRO-3 across two or more real ranks: where ranks can fetch different modules."""
+    import torch.distributed as dist
+
+    if not is_distributed() or dist.get_world_size() < 2 or simulated_ranks():
+        return False
+    return getattr(engine, "zero_optimization_stage", lambda: 0)() == 3
+
+
 def _flag(engine, name: str) -> bool:
     """An engine flag that DeepSpeed spells as a method or as a property, depending on the flag."""
     value = getattr(engine, name, False)
@@ -142,17 +148,13 @@ def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | No
     nothing to compare (one rank, another stage, ``mode`` "off") or where the engine's forward is compiled whole
     (DeepCompile, engine.compile()): ZeRO-3's own hooks are off there, and a host collective in a module hook would
     break the graph."""
-    import torch.distributed as dist
-
-    if mode == "off" or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-        return None
-    if dist.get_backend() == "fake":  # hf-zero bench --simulate-ranks: the other ranks do not exist
-        return None
-    if getattr(engine, "zero_optimization_stage", lambda: 0)() != 3:
+    if mode == "off" or not zero3_on_several_ranks(engine):
         return None
     if any(_flag(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
         return None
     from datetime import timedelta
+
+    import torch.distributed as dist
 
     # gloo on the host, even beside NCCL: the check reads no GPU tensor and adds no GPU synchronization
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=WAIT_S))

@@ -11,12 +11,17 @@ forwards until the last one ends, which changes no rank's output.
 import functools
 import logging
 
+from .divergence import zero3_on_several_ranks
+
 logger = logging.getLogger("hf_zero")
 
 
-def keep_generation_in_step(model) -> bool:
-    """Make ``model.generate`` always pass ``synced_gpus=True``; returns whether it changed anything. Call it only
-    for a ZeRO-3 model trained on several ranks (ZeroCallback and hf_zero.prepare do)."""
+def keep_generation_in_step(engine) -> bool:
+    """Under ZeRO-3 on several ranks, make the engine's model's ``generate`` always pass ``synced_gpus=True``;
+    returns whether it changed anything (nothing for another stage, one rank, or simulated ranks)."""
+    if not zero3_on_several_ranks(engine):
+        return False
+    model = engine.module
     generate = getattr(model, "generate", None)
     if generate is None or getattr(generate, "hf_zero_synced", False):
         return False

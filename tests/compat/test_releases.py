@@ -68,14 +68,6 @@ def test_import_quiet_at_the_floor_and_above(package, fake):
     assert proc.returncode == 0 and proc.stdout.strip() == "imported" and proc.stderr == ""
 
 
-def test_an_optional_package_is_asked_for_when_used(monkeypatch):
-    monkeypatch.setitem(releases.FLOORS, "peft", "999.0")
-    with pytest.raises(ValueError, match=r"hf_zero needs peft>=999.0, but peft .* is installed"):
-        releases.require("peft")
-    monkeypatch.setitem(releases.FLOORS, "peft", "0.1")
-    releases.require("peft")
-
-
 def test_check_reports_the_stack_and_flags_an_untested_release(monkeypatch, capsys):
     from hf_zero.cli import main
 
