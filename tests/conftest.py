@@ -38,7 +38,6 @@ def pytest_runtest_setup(item):
                 pytest.skip(f"needs {spec} ({requirement.name} {installed or 'not installed'} here)")
 
 
-
 def worker_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(

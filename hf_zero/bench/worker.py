@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
 from hf_zero.bench.host_peaks import HostPeakSampler
+from hf_zero.compat.hf_api import checkpointing_arg_name
 from hf_zero.bench.model import build_config
 from hf_zero.bench.peak_memory import PeakMemoryRecorder
 from hf_zero.bench.profile import StepProfiler
@@ -31,8 +32,7 @@ from hf_zero.distributed import barrier, has_gpu, is_distributed
 
 GIB = 1024**3
 # transformers 5.23 renamed gradient_checkpointing (kept as an alias); 5.17 only has the old name
-_FIELDS = transformers.TrainingArguments.__dataclass_fields__
-CHECKPOINTING_ARG = "activation_checkpointing" if "activation_checkpointing" in _FIELDS else "gradient_checkpointing"
+CHECKPOINTING_ARG = checkpointing_arg_name(transformers.TrainingArguments)
 
 
 class RandomTokens(torch.utils.data.Dataset):

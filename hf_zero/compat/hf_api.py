@@ -9,7 +9,8 @@ _ARG_NAMES = ("activation_checkpointing", "gradient_checkpointing")
 
 
 def checkpointing_arg_name(args) -> str:
-    """The TrainingArguments field that switches checkpointing on in the installed transformers."""
+    """The TrainingArguments field that switches checkpointing on in the installed transformers (``args``: an
+    instance or the class, TRL's configs included)."""
     return next(name for name in _ARG_NAMES if hasattr(args, name))
 
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, Trainer
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
+from hf_zero.compat.hf_api import checkpointing_arg_name
 from hf_zero.config.live import deepspeed_config_of
 from hf_zero.trainer import default_checkpointing_kwargs, gradient_checkpointing_kwargs, peft_recompute_problems
 
@@ -96,8 +97,7 @@ def scenarios(model_path: str, out: Path):
     yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
     # gradient checkpointing: the user's use_reentrant kept as given, non-reentrant when none was given
     # the newest spelling (transformers 5.23 renamed it; the old one warns there)
-    name = "activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__ \
-        else "gradient_checkpointing"
+    name = checkpointing_arg_name(transformers.TrainingArguments)
     gc = {name: True}
 
     def gc_kwargs(kwargs):

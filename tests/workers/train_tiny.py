@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
+from hf_zero.compat.hf_api import checkpointing_arg_name
 
 
-# transformers 5.23 renamed gradient_checkpointing (kept as a deprecated alias)
-CHECKPOINTING_ARG = ("activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
-                     else "gradient_checkpointing")
+# transformers 5.23 renamed gradient_checkpointing (kept as a deprecated alias): the newest spelling
+CHECKPOINTING_ARG = checkpointing_arg_name(transformers.TrainingArguments)
 
 
 # "warmup": the learning rate moves every step (logged 0.5e-3, 1e-3, 0.5e-3, 0 over 4 steps), so a resume that lost

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
+from hf_zero.compat.hf_api import checkpointing_arg_name
 
 # ChatML with the generation markers TRL's assistant-only loss reads
 TRAINING_TEMPLATE = (
@@ -74,8 +75,7 @@ def main():
     config_name, trainer_name, extra, lr = CONFIGS[opts.trainer]
     config_class = hf_zero.zero_arguments(getattr(trl, config_name))
     # the newest spelling (transformers 5.23 renamed it; the old one warns there)
-    checkpointing = "activation_checkpointing" if "activation_checkpointing" in config_class.__dataclass_fields__ \
-        else "gradient_checkpointing"
+    checkpointing = checkpointing_arg_name(config_class)
     if opts.trainer != "grpo":
         extra = {**extra, "max_length": 64}
     args = config_class(output_dir=opts.out, per_device_train_batch_size=2, max_steps=opts.steps, learning_rate=lr,
