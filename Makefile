@@ -73,7 +73,7 @@ test-multiproc: $(VENV)/.installed
 
 # DDP, FSDP, HF "auto" DeepSpeed configs and every preset side by side (a 1.35B model on GPUs, a tiny one on CPU)
 bench: $(VENV)/.installed
-	$(PY) -m hf_zero bench --out bench_out
+	$(PY) -m benchmarks.harness --out bench_out
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) demo_out bench_out .pytest_cache

@@ -57,7 +57,7 @@ _PUBLIC = {
     "zero_arguments": "trainer.training_args",
     "ZeroCallback": "trainer.callback",
 }
-_SUBMODULES = ("bench", "checkpoints", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
+_SUBMODULES = ("checkpoints", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 

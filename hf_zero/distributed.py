@@ -146,7 +146,7 @@ SHUTDOWN_ARRIVAL_TIMEOUT_S = 600
 
 
 def simulated_ranks() -> bool:
-    """Whether the process group is torch's fake one (hf-zero bench --simulate-ranks): this process plays rank 0 and
+    """Whether the process group is torch's fake one (the benchmark harness --simulate-ranks): this process plays rank 0 and
     the other ranks do not exist, so there is no one to wait for or compare with."""
     import torch.distributed as dist
 

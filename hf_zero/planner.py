@@ -10,7 +10,7 @@ A training step peaks in one of two phases, and the plan is the larger of them:
   model states (8B on 2 GPUs with checkpointing: 54.95 GiB of states + 5.69 GiB of that copy).
 
 Bytes per parameter Psi (bf16 mixed precision, Adam), N = data-parallel ranks over all nodes, as a
-memory snapshot of the peak showed them (``hf-zero bench --memory-snapshot`` and ``--simulate-ranks``):
+memory snapshot of the peak showed them (``the benchmark harness --memory-snapshot`` and ``--simulate-ranks``):
 
     setup          backward phase, on each GPU                        in host memory / on NVMe
     DDP            12 (fp32 weights, Adam; the gradients come in the backward, 16 at the step)
@@ -511,7 +511,7 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
 
 
 # One training process's own resident memory on a GPU node, whatever it trains: Python with torch, transformers
-# and DeepSpeed loaded (0.92 GiB at launch on one H200, hf-zero bench --host-peaks) and the CUDA context (the plain
+# and DeepSpeed loaded (0.92 GiB at launch on one H200, the benchmark harness --host-peaks) and the CUDA context (the plain
 # Trainer's whole peak RSS there is 1.9 GiB with its 8.33B model on the GPU)
 PROCESS_HOST_BYTES = 2 * GIB
 

@@ -5,9 +5,9 @@ import sys
 
 from ..distributed import name_cpu_accelerator
 from ..errors import HfZeroError
-from . import bench, check, export, finetune, plan, presets, verify
+from . import check, export, finetune, plan, presets, verify
 
-_SUBCOMMANDS = (presets, check, plan, finetune, export, verify, bench)
+_SUBCOMMANDS = (presets, check, plan, finetune, export, verify)
 
 __all__ = ["build_parser", "main"]
 

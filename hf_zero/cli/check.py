@@ -61,7 +61,7 @@ def _model_findings(config: dict, model_config: dict, args) -> list:
         return []
     import psutil
 
-    from ..bench.model import build_config
+    from ..model_configs import build_config
     from ..config.findings import Finding
     from ..planner import GIB, ModelShape, host_memory_problem, nvme_buffer_problem
 

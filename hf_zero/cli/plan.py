@@ -69,7 +69,7 @@ def add_parser(subparsers):
                         "vocabulary) that fits, and which resource (GPU, host, NVMe) stops it")
     p.add_argument("--largest-configs", metavar="DIR",
                    help="with --largest: write each setup's largest model as DIR/<setup>/config.json "
-                        "(for hf-zero bench --model)")
+                        "(for the benchmark harness --model)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="PNG", help="write a stacked bar chart of GPU memory per setup")
     p.add_argument("--write", metavar="JSON", help="write a DeepSpeed config for the recommended setup")
@@ -78,11 +78,11 @@ def add_parser(subparsers):
 
 
 def load_model_config(model: str):
-    """A transformers config: one of the benchmark's built-in models (hf-zero bench --model), a config.json, a
+    """A transformers config: one of the benchmark's built-in models (the benchmark harness --model), a config.json, a
     model folder or a Hub id."""
     from transformers import AutoConfig
 
-    from ..bench.model import MODELS, build_config, resolve_model
+    from ..model_configs import MODELS, build_config, resolve_model
 
     path = Path(model)
     if model in MODELS and not path.exists():
@@ -178,7 +178,7 @@ def render_largest(plan) -> str:
 
 def largest_config(config, layers: int) -> dict:
     """The model's config.json with ``layers`` decoder layers, the rest unchanged (what transformers and
-    hf-zero bench --model read). A per-layer list sized to the old depth (layer_types) is dropped, so that
+    the benchmark harness --model read). A per-layer list sized to the old depth (layer_types) is dropped, so that
     transformers fills in its default for the new depth."""
     data = config.to_diff_dict()
     data["num_hidden_layers"] = layers
@@ -367,7 +367,7 @@ def run(args) -> int:
             print("\n" + render_largest(plan))
     if configs_dir is not None:
         written = write_largest_configs(plan, config, configs_dir)
-        print(f"wrote {len(written)} config.json file(s) under {configs_dir} (hf-zero bench --model "
+        print(f"wrote {len(written)} config.json file(s) under {configs_dir} (the benchmark harness --model "
               f"{configs_dir}/<setup>/config.json)", file=sys.stderr)
     if args.plot:
         plot(plan, args.plot)

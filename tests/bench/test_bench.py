@@ -1,4 +1,4 @@
-"""hf-zero bench on CPU: the real CLI, real torchrun workers, real Trainer and DeepSpeed, a tiny model.
+"""The benchmark harness (python -m benchmarks.harness) on CPU: the real CLI, real torchrun workers, real Trainer and DeepSpeed, a tiny model.
 
 One sweep (ddp, zero3, and a variant that must fail) is shared by the multi-process tests; the
 parsing, comparison and report checks run in-process, each where it fires and where it stays quiet.
@@ -16,14 +16,14 @@ import torch
 from transformers import TrainerState
 
 from conftest import REPO, worker_env
-from hf_zero.bench import report
-from hf_zero.bench.run import (Options, _error_line, child_env, failure, measured_launches, merge_repeat,
+from benchmarks.harness import report
+from benchmarks.harness.run import (Options, _error_line, child_env, failure, measured_launches, merge_repeat,
                                 planner_row, resolve_defaults, saves)
-from hf_zero.bench.peak_memory import BEFORE, NO_FRAME, peak_breakdown
-from hf_zero.bench.profile import self_time, subtract, summarize, union
-from hf_zero.bench.setups import default_names, named_setups, parse_variant, select
-from hf_zero.bench.worker import PadToLongest, RandomTokens, StepTimer, compare_weights, engine_problem, nvme_folders
-from hf_zero.cli import main
+from benchmarks.harness.peak_memory import BEFORE, NO_FRAME, peak_breakdown
+from benchmarks.harness.profile import self_time, subtract, summarize, union
+from benchmarks.harness.setups import default_names, named_setups, parse_variant, select
+from benchmarks.harness.worker import PadToLongest, RandomTokens, StepTimer, compare_weights, engine_problem, nvme_folders
+from benchmarks.harness.cli import main
 from hf_zero.errors import ConfigError
 
 # A real crash inside one setup's workers (PyTorch's DataLoader rejects -1 workers), which the sweep
@@ -38,7 +38,7 @@ SWEEP = ["--setups", "ddp,zero3", "--variant", BROKEN, "--variant", LORA, "--var
 
 
 def _bench(args, tmp_out, timeout=600):
-    cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(tmp_out), *args]
+    cmd = [sys.executable, "-m", "benchmarks.harness", "--out", str(tmp_out), *args]
     return subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -74,7 +74,7 @@ def test_sweep_measures_ddp_and_zero3(sweep):
     assert ddp["save"] is None  # only ZeRO-3 saves are timed
     assert data["model"]["params"] > 0 and data["model"]["flops_per_token"] > 0
     run = data["runs"][-1]
-    assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("hf-zero bench")
+    assert run["versions"]["torch"] and run["versions"]["deepspeed"] and run["command"].startswith("python -m benchmarks.harness")
     assert "[1/6] ddp:" in proc.stdout and "[2/6] zero3:" in proc.stdout
 
 
@@ -151,7 +151,7 @@ def test_sweep_writes_table_and_chart(sweep, tmp_path):
     # --report re-renders from the JSON alone, next to it
     copy = tmp_path / "results.json"
     shutil.copy(out / "results.json", copy)
-    assert main(["bench", "--report", str(copy)]) == 0
+    assert main(["--report", str(copy)]) == 0
     assert (tmp_path / "results.md").read_text() == md and (tmp_path / "bench.png").exists()
 
 
@@ -183,12 +183,12 @@ def test_resume_merges_and_another_shape_is_refused(sweep, tmp_path, capsys):
     merged = tmp_path / "merged"
     shutil.copytree(out, merged)
     # everything asked for is measured already: nothing launches, the run is recorded, the rows stay
-    assert main(["bench", "--out", str(merged), "--resume", *SWEEP[:2], *SWEEP[4:]]) == 0
+    assert main(["--out", str(merged), "--resume", *SWEEP[:2], *SWEEP[4:]]) == 0
     assert "already measured, skipped (--resume)" in capsys.readouterr().out
     again = json.loads((merged / "results.json").read_text())
     assert len(again["runs"]) == 2 and again["results"] == data["results"]
     # a different sequence length would mix incomparable numbers into one table
-    assert main(["bench", "--out", str(merged), "--setups", "ddp", "--nproc", "2", "--seq", "16"]) == 2
+    assert main(["--out", str(merged), "--setups", "ddp", "--nproc", "2", "--seq", "16"]) == 2
     assert "holds results of another run" in capsys.readouterr().err
 
 
@@ -201,7 +201,7 @@ def test_repeat_interleaves_launches_and_resume_continues_them(tmp_path):
     proc = _bench([*args, "--repeat", "2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     launched = (tmp_path / "logs" / "d2.log").read_text().splitlines()[0]
-    assert " --max-restarts=0 -m hf_zero.bench.worker" in launched, launched
+    assert " --max-restarts=0 -m benchmarks.harness.worker" in launched, launched
     order = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[")]
     assert order == ["[1/2] round 1/2 ddp", "[2/2] round 1/2 d2", "[1/2] round 2/2 ddp", "[2/2] round 2/2 d2"]
     row = _row(json.loads((tmp_path / "results.json").read_text()), "ddp")
@@ -229,18 +229,18 @@ def test_repeats_merge_into_one_row_only_within_a_sweep():
 
 
 def test_unknown_setup_is_one_message_and_exit_2(tmp_path, capsys):
-    assert main(["bench", "--out", str(tmp_path / "o"), "--setups", "ddp,zero9,fsdp_fast"]) == 2
+    assert main(["--out", str(tmp_path / "o"), "--setups", "ddp,zero9,fsdp_fast"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("hf-zero bench: error: unknown setup(s) 'zero9', 'fsdp_fast'") and "ds_auto_zero3" in err
+    assert err.startswith("benchmarks.harness: error: unknown setup(s) 'zero9', 'fsdp_fast'") and "ds_auto_zero3" in err
     assert "Traceback" not in err and not (tmp_path / "o" / "results.json").exists()
-    assert main(["bench", "--out", str(tmp_path / "o"), "--setups", "ddp", "--list"]) == 0  # a known name: quiet
+    assert main(["--out", str(tmp_path / "o"), "--setups", "ddp", "--list"]) == 0  # a known name: quiet
     assert capsys.readouterr().out.startswith("ddp: ddp, micro batch 4")
 
 
 @pytest.mark.multiproc
 def test_hung_setup_is_killed_at_the_timeout(tmp_path, capsys):
     # 2 s is far less than a launch needs to import torch: the timeout fires, and every rank goes with it
-    assert main(["bench", "--out", str(tmp_path), "--setups", "ddp", "--nproc", "1", "--setup-timeout", "2"]) == 1
+    assert main(["--out", str(tmp_path), "--setups", "ddp", "--nproc", "1", "--setup-timeout", "2"]) == 1
     row = json.loads((tmp_path / "results.json").read_text())["results"][0]
     assert row["status"] == "timeout" and "--setup-timeout" in row["error"] and row["wall_s"] < 30
     assert "[1/1] ddp: TIMEOUT" in capsys.readouterr().out
@@ -249,7 +249,7 @@ def test_hung_setup_is_killed_at_the_timeout(tmp_path, capsys):
 
 
 def test_bad_deepspeed_variant_stops_before_any_launch(tmp_path, capsys):
-    code = main(["bench", "--out", str(tmp_path), "--variant", "z=zero2:zero_optimization.offload_optimizer.device=gpu"])
+    code = main(["--out", str(tmp_path), "--variant", "z=zero2:zero_optimization.offload_optimizer.device=gpu"])
     assert code == 2
     assert "z: " in capsys.readouterr().err and not (tmp_path / "results.json").exists()
 
@@ -489,7 +489,7 @@ def test_a_setup_killed_mid_run_keeps_the_steps_it_finished(capsys):
         state.global_step = step
         timer.on_step_end(None, state, None)
     log = capsys.readouterr().err
-    assert "hf-zero bench: model and engine ready after" in log and "hf-zero bench: step 2/3:" in log
+    assert "bench: model and engine ready after" in log and "bench: step 2/3:" in log
     row = failure("$ torchrun ...\n" + log + "Received 15 death signal\n", None, 400)
     assert row["status"] == "timeout" and row["finished_step_times"] == pytest.approx(timer.times, abs=0.01)
     assert "finished_step_times" not in failure("RuntimeError: boom\n", 1, 400)
@@ -564,7 +564,7 @@ def test_environment_line_names_the_rows_a_variant_env_belongs_to():
 
 
 def test_planner_row_compares_only_gpu_memory():
-    from hf_zero.bench.model import build_config, resolve_model
+    from hf_zero.model_configs import build_config, resolve_model
     from hf_zero.planner import ModelShape
 
     shape = ModelShape.from_config(build_config(resolve_model("tiny")[1]))
@@ -594,14 +594,14 @@ def test_replan_recomputes_the_planner_column_with_the_installed_planner(tmp_pat
     row["planner"] = {"setup": "zero3_offload", "predicted_gib": 16.34, "measured_gib": 13.06, "error": 0.25,
                       "within_tolerance": False}  # what the planner said before its offload recalibration
     results.write_text(json.dumps(data))
-    assert main(["bench", "--report", str(results)]) == 0  # quiet: a plain re-render keeps the stored predictions
+    assert main(["--report", str(results)]) == 0  # quiet: a plain re-render keeps the stored predictions
     assert "| planner predicts each measured peak within +-15% | FAIL |" in (tmp_path / "results.md").read_text()
-    assert main(["bench", "--report", str(results), "--replan"]) == 0
+    assert main(["--report", str(results), "--replan"]) == 0
     replanned = _row(json.loads(results.read_text()), "zero3_offload")["planner"]
     assert replanned["within_tolerance"] and abs(replanned["error"]) < 0.15
     md = (tmp_path / "results.md").read_text()
     assert "| planner predicts each measured peak within +-15% | PASS |" in md and "was recomputed on" in md
-    assert main(["bench", "--replan"]) == 2 and "pass it with --report" in capsys.readouterr().err
+    assert main(["--replan"]) == 2 and "pass it with --report" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -615,7 +615,7 @@ def test_replan_recomputes_the_planner_column_with_the_installed_planner(tmp_pat
     (["--profile-steps", "-2"], "--profile-steps must be 0 (off) or more, got -2"),
 ])
 def test_bench_refuses_numbers_out_of_range(tmp_path, capsys, flags, message):
-    assert main(["bench", "--out", str(tmp_path), *flags]) == 2
+    assert main(["--out", str(tmp_path), *flags]) == 2
     assert message in capsys.readouterr().err
 
 

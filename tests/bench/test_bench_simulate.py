@@ -1,4 +1,4 @@
-"""hf-zero bench --simulate-ranks on CPU: real DeepSpeed engines as rank 0 of N over torch's fake group."""
+"""The benchmark harness's --simulate-ranks on CPU: real DeepSpeed engines as rank 0 of N over torch's fake group."""
 
 import json
 import subprocess
@@ -7,16 +7,16 @@ import sys
 import pytest
 
 from conftest import REPO, worker_env
-from hf_zero.bench.run import Options
-from hf_zero.bench.simulate import simulate
-from hf_zero.cli import main
+from benchmarks.harness.run import Options
+from benchmarks.harness.simulate import simulate
+from benchmarks.harness.cli import main
 from hf_zero.errors import ConfigError
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow  # two engine launches, 35 s warm
 def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
-    cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(tmp_path), "--simulate-ranks", "2,4",
+    cmd = [sys.executable, "-m", "benchmarks.harness", "--out", str(tmp_path), "--simulate-ranks", "2,4",
            "--setups", "zero3", "--steps", "3", "--seq", "32"]
     done = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -33,7 +33,7 @@ def test_zero3_partitions_for_the_simulated_rank_count(tmp_path):
     assert "| zero3 | 4 | 4 |" in md and "--simulate-ranks 2,4" in md
     assert (tmp_path / "simulated.png").read_bytes()[:4] == b"\x89PNG"
     # --report re-renders it, --replan first recomputes the planner column
-    assert main(["bench", "--report", str(tmp_path / "simulated.json"), "--replan"]) == 0
+    assert main(["--report", str(tmp_path / "simulated.json"), "--replan"]) == 0
     assert json.loads((tmp_path / "simulated.json").read_text())["replanned"]
     assert "planner column recomputed" in (tmp_path / "simulated.md").read_text()
 
@@ -51,11 +51,11 @@ def test_only_deepspeed_setups_and_real_rank_counts(tmp_path):
 
 
 def test_default_setups_are_the_deepspeed_ones(tmp_path, monkeypatch, capsys):
-    assert main(["bench", "--list", "--simulate-ranks", "2,4"]) == 0
+    assert main(["--list", "--simulate-ranks", "2,4"]) == 0
     listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
     assert "zero3" in listed and "ddp" not in listed and len(listed) == len(set(listed))
     launched = []
-    monkeypatch.setattr("hf_zero.bench.simulate._launch",
+    monkeypatch.setattr("benchmarks.harness.simulate._launch",
                         lambda setup, n, *rest: launched.append(setup.name) or {"status": "failed", "error": "x",
                                                                                   "name": setup.name, "ranks": n,
                                                                                   "micro_batch": 4})

@@ -1,11 +1,11 @@
-"""hf-zero bench --host-peaks: the sampler credits a rise of resident memory to the code that made it."""
+"""The benchmark harness's --host-peaks: the sampler credits a rise of resident memory to the code that made it."""
 
 import time
 
 import torch
 
-from hf_zero.bench.host_peaks import GIB, HostPeakSampler
-from hf_zero.bench.report import host_peaks_table
+from benchmarks.harness.host_peaks import GIB, HostPeakSampler
+from benchmarks.harness.report import host_peaks_table
 
 
 def allocate_half_a_gib():

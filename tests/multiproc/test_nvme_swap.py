@@ -1,4 +1,4 @@
-"""ZeRO-Infinity really swapping parameters to NVMe under the Trainer (hf-zero bench on CPU, one process).
+"""ZeRO-Infinity really swapping parameters to NVMe under the Trainer (the benchmark harness on CPU, one process).
 
 The tiny test models never reach the disk: DeepSpeed keeps parameters below offload_param.max_in_cpu elements in
 host memory and swaps no tensor under 1 MiB. This model's matrices are 2-8 MiB and max_in_cpu is 0, so every one
@@ -30,7 +30,7 @@ def swept(tmp_path_factory):
         missing("libaio", "apt-get install -y libaio-dev; .ci/run installs it")
     root = tmp_path_factory.mktemp("nvme_swap")
     (root / "config.json").write_text(json.dumps(SHAPE))
-    cmd = [sys.executable, "-m", "hf_zero", "bench", "--out", str(root / "out"), "--nproc", "1", "--model",
+    cmd = [sys.executable, "-m", "benchmarks.harness", "--out", str(root / "out"), "--nproc", "1", "--model",
            str(root / "config.json"), "--seq", "32", "--steps", "2", "--warmup", "1", "--setups", "",
            "--variant", f"preset=zero3_nvme+gc:mbs=1,{SWAP_EVERYTHING}",
            # DeepSpeed's default reuse distance, which the preset sets to 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
-from hf_zero.bench.model import MODELS, build_config, resolve_model
+from hf_zero.model_configs import MODELS, build_config, resolve_model
 from hf_zero.cli import main
 from hf_zero.planner import (GIB, NVME_MAX_IN_CPU, NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFER_SIZE, NVME_PARAM_BUFFERS,
                              PROCESS_HOST_BYTES, ModelShape, RunShape, estimate, largest_model, shortfall,
@@ -114,7 +114,7 @@ def test_plan_cli_prints_and_writes_the_largest_models(tmp_path, capsys):
         path = out / setup / "config.json"
         loaded = AutoConfig.from_pretrained(path.parent)
         assert loaded.num_hidden_layers == found["layers"] and loaded.hidden_size == 2048
-        name, config = resolve_model(str(path))  # what hf-zero bench --model reads
+        name, config = resolve_model(str(path))  # what the benchmark harness --model reads
         assert name == setup and ModelShape.from_config(build_config(config)).params == found["params"]
 
 

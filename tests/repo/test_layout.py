@@ -124,7 +124,7 @@ except SystemExit:
 heavy = sorted(m for m in ("torch", "deepspeed") if m in sys.modules)
 print("HEAVY:" + ",".join(heavy))
 """
-SUBCOMMANDS = ["presets", "check", "plan", "finetune", "export", "verify", "bench"]
+SUBCOMMANDS = ["presets", "check", "plan", "finetune", "export", "verify"]
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in SUBCOMMANDS])

@@ -67,7 +67,7 @@ def main():
     from transformers import AutoModelForCausalLM
 
     import hf_zero
-    from hf_zero.bench.model import build_config, resolve_model
+    from hf_zero.model_configs import build_config, resolve_model
     from hf_zero.zero3.divergence import FetchOrderWatch
 
     deepspeed.init_distributed()

@@ -22,7 +22,7 @@ from accelerate.utils import DummyOptim
 from transformers import AutoModelForCausalLM
 
 import hf_zero
-from hf_zero.bench.model import build_config, resolve_model
+from hf_zero.model_configs import build_config, resolve_model
 
 
 def main():

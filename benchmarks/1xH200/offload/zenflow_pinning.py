@@ -23,8 +23,8 @@ for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29551", RANK="0", W
 import deepspeed  # noqa: E402
 import transformers  # noqa: E402
 
-from hf_zero.bench.model import build_config, resolve_model  # noqa: E402
-from hf_zero.bench.profile import load_trace, summarize  # noqa: E402
+from hf_zero.model_configs import build_config, resolve_model  # noqa: E402
+from benchmarks.harness.profile import load_trace, summarize  # noqa: E402
 
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
-from ..config.dotted import accumulates_in_fp32
-from ..distributed import free_port, gpu_count
-from ..errors import ConfigError
-from ..planner import GIB, ModelShape, RunShape, estimate, zero3_placement_of
-from .model import build_config, flops_per_token, params_text, resolve_model
+from hf_zero.config.dotted import accumulates_in_fp32
+from hf_zero.distributed import free_port, gpu_count
+from hf_zero.errors import ConfigError
+from hf_zero.planner import GIB, ModelShape, RunShape, estimate, zero3_placement_of
+from hf_zero.model_configs import build_config, flops_per_token, params_text, resolve_model
 from .setups import Setup, reduce_bucket, select
 
 SCHEMA = 1
@@ -91,7 +91,7 @@ def versions() -> dict:
 
 def command_line(opts: Options) -> str:
     """The command that repeats this sweep, with every default spelled out."""
-    parts = ["hf-zero", "bench", "--out", opts.out, "--nproc", str(opts.nproc), "--model", opts.model,
+    parts = ["python", "-m", "benchmarks.harness", "--out", opts.out, "--nproc", str(opts.nproc), "--model", opts.model,
              "--seq", str(opts.seq), "--steps", str(opts.steps), "--warmup", str(opts.warmup)]
     if opts.setups is not None:
         parts += ["--setups", ",".join(opts.setups)]
@@ -152,7 +152,7 @@ def failure(log: str, code: int | None, timeout: float) -> dict:
                      else _error_line(log) if code != 0 else "the workers exited 0 but wrote no result"),
            "log_tail": log.splitlines()[-30:]}
     # the steps the worker finished before it stopped (its progress lines): how far a slow setup got
-    finished = [float(s) for s in re.findall(r"^hf-zero bench: step \d+/\d+: ([\d.]+) s$", log, re.MULTILINE)]
+    finished = [float(s) for s in re.findall(r"^bench: step \d+/\d+: ([\d.]+) s$", log, re.MULTILINE)]
     if finished:
         row["finished_step_times"] = finished
     return row
@@ -184,7 +184,7 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            *(f"--{option}={value}" for option, value in setup.torchrun.items()),
-           "-m", "hf_zero.bench.worker", "--spec", str(work / "spec.json")]
+           "-m", "benchmarks.harness.worker", "--spec", str(work / "spec.json")]
     start = time.perf_counter()
     with open(log_path, "w") as log:
         log.write("$ " + shlex.join(cmd) + "\n")
@@ -327,8 +327,8 @@ def _check_configs(setups, on_gpu: bool, nproc: int, seq: int, out: Path) -> Non
     """Every DeepSpeed config through hf_zero's checker, and every variable-length setup against --seq, before
     any GPU minute is spent: all problems at once. An NVMe block without a folder is checked with the one the
     worker gives it, on the disk of ``out`` (worker.nvme_folder)."""
-    from ..config.presets import load_config
-    from ..config.validate import check_config
+    from hf_zero.config.presets import load_config
+    from hf_zero.config.validate import check_config
 
     problems = []
     for setup in setups:
@@ -388,7 +388,7 @@ def _sweep(opts: Options, progress) -> int:
     from .report import write_reports
 
     started, failed = time.perf_counter(), 0
-    progress(f"hf-zero bench: {len(setups)} setup(s), {model[0]} ({params_text(shape.params)} params), "
+    progress(f"bench: {len(setups)} setup(s), {model[0]} ({params_text(shape.params)} params), "
              f"{opts.nproc} process(es) on {'GPU' if on_gpu else 'CPU'}, seq {opts.seq}, {opts.steps} steps "
              f"({opts.warmup} warm-up) -> {out}")
     schedule = [(r, k, setup) for r in range(1, opts.repeat + 1) for k, setup in enumerate(setups, 1)]

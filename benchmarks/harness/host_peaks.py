@@ -14,7 +14,7 @@ import threading
 import time
 from collections import defaultdict
 
-from hf_zero.bench.peak_memory import label
+from benchmarks.harness.peak_memory import label
 from hf_zero.planner import GIB
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -22,10 +22,10 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-from ..errors import ConfigError
-from ..config.dotted import get_dotted, set_dotted
-from ..config.presets import load_config
-from ..long_context import LongContext
+from hf_zero.errors import ConfigError
+from hf_zero.config.dotted import get_dotted, set_dotted
+from hf_zero.config.presets import load_config
+from hf_zero.long_context import LongContext
 
 MICRO_BATCH, GC_MICRO_BATCH = 4, 8
 PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
@@ -193,7 +193,7 @@ def _lora_problem(name: str) -> str | None:
 def _callback_problem(option: str, value) -> str | None:
     import inspect
 
-    from ..trainer.callback import ZeroCallback
+    from hf_zero.trainer.callback import ZeroCallback
 
     options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
     if option not in options:
@@ -203,7 +203,7 @@ def _callback_problem(option: str, value) -> str | None:
             return f"callback.offload_threads must be auto or a thread count (0 leaves it), got {value!r}"
         return None
     if option == "offload_step_chunk":
-        from ..engine_fixes import step_chunk_problem
+        from hf_zero.engine_fixes import step_chunk_problem
 
         problem = step_chunk_problem(value)
         return f"callback.{problem}" if problem else None

@@ -1,4 +1,4 @@
-"""Rank 0's memory of an N-GPU run, measured on one GPU: ``hf-zero bench --simulate-ranks 2,4,8``.
+"""Rank 0's memory of an N-GPU run, measured on one GPU: ``python -m benchmarks.harness --simulate-ranks 2,4,8``.
 
 Each DeepSpeed setup runs in one process as rank 0 of N over torch's fake process group: collectives
 return at once and move nothing, so DeepSpeed partitions, allocates and frees what rank 0 of N GPUs
@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..distributed import free_port, gpu_count
-from ..errors import ConfigError
-from ..planner import GIB, ModelShape
-from .model import build_config, resolve_model
+from hf_zero.distributed import free_port, gpu_count
+from hf_zero.errors import ConfigError
+from hf_zero.planner import GIB, ModelShape
+from hf_zero.model_configs import build_config, resolve_model
 from .peak_memory import BEFORE
 from .run import (Options, child_env, command_line, failure, planner_row, replan_rows, resolve_defaults,
                   versions, write_results)
@@ -92,7 +92,7 @@ def _launch(setup, ranks: int, opts: Options, model: tuple, out: Path, on_gpu: b
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     log_path = out / "logs" / f"{setup.name}-{ranks}.log"
-    cmd = [sys.executable, "-m", "hf_zero.bench.simulate", "--spec", str(work / "spec.json")]
+    cmd = [sys.executable, "-m", "benchmarks.harness.simulate", "--spec", str(work / "spec.json")]
     start = time.perf_counter()
     row = {"name": setup.name, "ranks": ranks, "micro_batch": setup.micro_batch,
            "gradient_checkpointing": setup.gradient_checkpointing, "env_changed": changed, "setup": setup.as_dict()}
@@ -149,7 +149,7 @@ def simulate(opts: Options, ranks: list, progress=print) -> int:
     out = Path(opts.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     runs = planned_runs(opts, ranks)
-    progress(f"hf-zero bench --simulate-ranks: {len(runs)} run(s), {model[0]}, each as rank 0 of N on "
+    progress(f"python -m benchmarks.harness --simulate-ranks: {len(runs)} run(s), {model[0]}, each as rank 0 of N on "
              f"{'one GPU' if gpus else 'the CPU'}, {opts.steps} steps -> {out}")
     data = {"schema": SCHEMA, "model": {"name": model[0], "config": model[1], "params": shape.params},
             "seq": opts.seq, "steps": opts.steps, "versions": versions(),
@@ -242,7 +242,7 @@ def plot(data: dict, path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="one setup as rank 0 of N (run by hf-zero bench --simulate-ranks)")
+    p = argparse.ArgumentParser(description="one setup as rank 0 of N (run by python -m benchmarks.harness --simulate-ranks)")
     p.add_argument("--spec", required=True)
     spec_path = Path(p.parse_args(argv).spec)
     result = worker(json.loads(spec_path.read_text()))

@@ -1,16 +1,16 @@
 """results.json -> results.md (the table the docs quote, with the project's targets) and bench.png.
 
-Everything here reads the JSON only, so ``hf-zero bench --report OUT/results.json`` re-renders a
+Everything here reads the JSON only, so ``python -m benchmarks.harness --report OUT/results.json`` re-renders a
 committed result without a GPU.
 """
 
 import json
 from pathlib import Path
 
-from ..config.presets import load_config
-from ..errors import ConfigError
-from ..planner import GIB
-from .model import params_text
+from hf_zero.config.presets import load_config
+from hf_zero.errors import ConfigError
+from hf_zero.planner import GIB
+from hf_zero.model_configs import params_text
 
 SAVE_SECONDS = 5.0  # target: ZeRO-3 16-bit save of the 1.35B model
 ZERO2_SPEED, ZERO2_MEMORY = 0.95, 0.65  # zero2 >= 95% of DDP tokens/s at <= 65% of its peak
@@ -26,7 +26,7 @@ def load(path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"--report {str(path)!r}: not readable JSON ({e})") from None
     if not isinstance(data, dict) or "results" not in data or "model" not in data:
-        raise ConfigError(f"--report {str(path)!r}: not an hf-zero bench results.json (no 'results'/'model')")
+        raise ConfigError(f"--report {str(path)!r}: not an python -m benchmarks.harness results.json (no 'results'/'model')")
     return data
 
 
@@ -346,7 +346,7 @@ def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
     v = data.get("versions") or {}
-    lines = [f"# hf-zero bench: {model['name']} ({params_text(model['params'])} parameters)", "",
+    lines = [f"# python -m benchmarks.harness: {model['name']} ({params_text(model['params'])} parameters)", "",
              f"{fp.get('nproc')} x {device.get('name', '?')}, sequence {fp.get('seq')}, bf16, HF Trainer; "
              f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps "
              "(with --repeat: the median over launches, ± half their range, n launches). "
@@ -399,7 +399,7 @@ def render_markdown(data: dict) -> str:
         lines += [""] + variable
     if data.get("replanned"):
         lines += ["", f"The planner column was recomputed on {data['replanned']} with the planner of that date "
-                     "(`hf-zero bench --report results.json --replan`), not the one that ran with the sweep."]
+                     "(`python -m benchmarks.harness --report results.json --replan`), not the one that ran with the sweep."]
     lines.append("")
     lines += [f"- `{r['command']}` ({r['date']}, {len(r['setups'])} setup(s))" for r in data.get("runs", [])]
     return "\n".join(lines) + "\n"

@@ -1,17 +1,18 @@
-"""``hf-zero bench``: DDP, FSDP, HF "auto" DeepSpeed configs and the hf_zero presets, side by side."""
+"""``python -m benchmarks.harness``: DDP, FSDP, HF "auto" DeepSpeed configs and the hf_zero presets, side by side."""
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from ..errors import ConfigError
+from hf_zero.errors import ConfigError
 
 
-def add_parser(subparsers):
-    from ..bench.setups import GROUPS
+def build_parser() -> argparse.ArgumentParser:
+    from .setups import GROUPS
 
-    p = subparsers.add_parser(
-        "bench", help="benchmark DDP, FSDP, DeepSpeed 'auto' configs and the presets (tokens/s, memory, save)",
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.harness",
         description="Run each setup in its own torchrun launch and write OUT/results.json, results.md and "
                     "bench.png. On GPUs: a Llama-like 1.35B model, seq 1024, bf16; without a GPU: a tiny model, "
                     "so CI tests the harness. Results merge into an existing OUT/results.json of the same model, "
@@ -60,7 +61,6 @@ def add_parser(subparsers):
     p.add_argument("--replan", action="store_true",
                    help="with --report: first recompute the planner's predictions with this hf_zero's planner and "
                         "write them into the JSON (after the planner was recalibrated)")
-    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 
@@ -72,10 +72,10 @@ def _rank_counts(text: str) -> list:
 
 
 def _list(opts, simulated_ranks=None) -> int:
-    from ..bench.run import resolve_defaults
-    from ..distributed import gpu_count
-    from ..bench.setups import select
-    from ..bench.simulate import planned_runs
+    from .run import resolve_defaults
+    from hf_zero.distributed import gpu_count
+    from .setups import select
+    from .simulate import planned_runs
 
     if simulated_ranks:  # each runs as one process: what --simulate-ranks would run, once per setup
         setups = list({s.name: s for _, s in planned_runs(opts, simulated_ranks)}.values())
@@ -93,7 +93,7 @@ def _list(opts, simulated_ranks=None) -> int:
 
 def _report(path: Path, out, replan_first: bool) -> int:
     """Re-render a sweep's results.json, or a --simulate-ranks simulated.json, optionally replanned first."""
-    from ..bench import report, run, simulate
+    from . import report, run, simulate
 
     data = report.load(path)
     simulated = path.name == "simulated.json"
@@ -111,7 +111,7 @@ def run(args) -> int:
         raise ConfigError("--replan recomputes the planner column of an existing results.json: pass it with --report PATH")
     if args.report:
         return _report(Path(args.report), args.out, args.replan)
-    from ..bench.run import Options, run_bench
+    from .run import Options, run_bench
 
     if args.profile_steps < 0:
         raise ConfigError(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
@@ -134,7 +134,21 @@ def run(args) -> int:
     if args.list:
         return _list(opts, args.simulate_ranks)
     if args.simulate_ranks:
-        from ..bench.simulate import simulate
+        from .simulate import simulate
 
         return simulate(opts, args.simulate_ranks)
     return run_bench(opts)
+
+
+def main(argv=None) -> int:
+    from hf_zero.distributed import name_cpu_accelerator
+    from hf_zero.errors import HfZeroError
+
+    args = build_parser().parse_args(argv)
+    name_cpu_accelerator()
+    try:
+        return run(args)
+    except (HfZeroError, ValueError, OSError) as e:
+        # bad input: one message saying what and how to fix, never a traceback
+        print(f"benchmarks.harness: error: {e}", file=sys.stderr)
+        return 2

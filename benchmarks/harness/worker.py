@@ -1,4 +1,4 @@
-"""One benchmark setup in one launch: ``torchrun --nproc_per_node N -m hf_zero.bench.worker --spec spec.json``.
+"""One benchmark setup in one launch: ``torchrun --nproc_per_node N -m benchmarks.harness.worker --spec spec.json``.
 
 Builds the model from its config (under zero.Init for stage 3: TrainingArguments first, so the
 Trainer's own HF DeepSpeed config partitions it), trains on random tokens with the HF Trainer in bf16,
@@ -21,11 +21,11 @@ import transformers
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
-from hf_zero.bench.host_peaks import HostPeakSampler
+from benchmarks.harness.host_peaks import HostPeakSampler
 from hf_zero.compat.hf_api import checkpointing_arg_name
-from hf_zero.bench.model import build_config
-from hf_zero.bench.peak_memory import PeakMemoryRecorder
-from hf_zero.bench.profile import StepProfiler
+from hf_zero.model_configs import build_config
+from benchmarks.harness.peak_memory import PeakMemoryRecorder
+from benchmarks.harness.profile import StepProfiler
 from hf_zero.checkpoints.saved_models import safetensors_files
 from hf_zero.config.dotted import get_dotted, offload_devices
 from hf_zero.distributed import barrier, has_gpu, is_distributed
@@ -111,7 +111,7 @@ class StepTimer(TrainerCallback):
 
     def _progress(self, state, line: str) -> None:
         if self._started is not None and state.is_world_process_zero:
-            print(f"hf-zero bench: {line}", file=sys.stderr, flush=True)
+            print(f"bench: {line}", file=sys.stderr, flush=True)
 
 
 class PhaseLabel(TrainerCallback):
@@ -338,7 +338,7 @@ def adapter_dtypes(model) -> list | None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--spec", required=True, help="JSON written by hf_zero.bench.run")
+    p.add_argument("--spec", required=True, help="JSON written by benchmarks.harness.run")
     opts = p.parse_args(argv)
     spec = json.loads(Path(opts.spec).read_text())
     setup = spec["setup"]

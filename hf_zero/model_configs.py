@@ -1,9 +1,10 @@
-"""The benchmark's model: a Llama-like config (1.35B on GPUs, tiny on CPU), its size and FLOPs per token."""
+"""Built-in model shapes for `hf-zero plan` and the benchmark harness: Llama-like configs (1.35B, 8B, tiny), their size
+and FLOPs per token."""
 
 import json
 from pathlib import Path
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 # Llama-like 1.35B: the model of the baseline table in FIELD_NOTES (random init, no hub needed).
 MODELS = {
