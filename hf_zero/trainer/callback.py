@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-import sys
 import weakref
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_chec
 from .memory import all_ranks_memory, host_memory_problem_of
 from .padding import padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+from .wiring import trainer_calling, trainer_starting_train
 
 logger = logging.getLogger("hf_zero")
 
@@ -68,22 +68,6 @@ def single_process_note(config: dict, stage, ranks: int) -> str | None:
             "on this device, and DeepSpeed's bookkeeping only slows each step (measured: hf_zero's docs, "
             "performance.md). Fix: train without a DeepSpeed config, launch more processes, or use "
             "an offload preset (zero2_offload, zero3_offload) when the model does not fit.")
-
-
-def _trainer_calling(callback):
-    """The Trainer whose method is running now (found up the call stack) and has ``callback`` in its list.
-
-    A TrainerCallback's events bring the model and the arguments, not the Trainer, yet the checks need its
-    engine, accelerator and collator. The Trainer calls its callbacks from its own methods, so it is a frame
-    or a few up, as ``self``."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        handler = getattr(candidate, "callback_handler", None) if isinstance(candidate, Trainer) else None
-        if handler is not None and callback in handler.callbacks:
-            return candidate
-        frame = frame.f_back
-    return None
 
 
 # Trainer -> the ZeroCallback that prepared it: a callback the Trainer re-creates from a checkpoint's state
@@ -222,17 +206,18 @@ class ZeroCallback(TrainerCallback, ExportableState):
             enable_model_checkpointing(model, dict(kwargs))
 
     def on_init_end(self, args, state, control, **kwargs):
-        # Trainer(callbacks=[ZeroCallback()]): the Trainer is built, its engine is not
-        trainer = _trainer_calling(self)
+        # Trainer(callbacks=[ZeroCallback()]): the Trainer is built, its engine is not (see wiring.py)
+        trainer = trainer_calling(self)
         if trainer is not None:
             self.attach(trainer)
 
     def state(self) -> dict:
         """What the Trainer keeps of this callback in a checkpoint (ExportableState). The Trainer also asks for
-        it when train() starts, before it builds the engine: a callback added with add_callback prepares then."""
+        it when train() starts, before it builds the engine: a callback added with add_callback prepares then
+        (see wiring.py)."""
         if self.trainer is None:
-            trainer = _trainer_calling(self)
-            if trainer is not None and getattr(trainer, "is_in_train", False):
+            trainer = trainer_starting_train(self)
+            if trainer is not None:
                 self.attach(trainer)
         return {"args": self.options, "attributes": {}}
 
