@@ -11,6 +11,8 @@ field), ``torchrun.OPTION`` (an option of the launch, e.g. ``torchrun.numa-bindi
 ``lora.FIELD`` (train a PEFT LoRA adapter on the frozen model: a ``peft.LoraConfig`` field, e.g. ``lora.r=16``),
 ``callback.OPTION`` (a ZeroCallback option of DeepSpeed setups, e.g. ``callback.cast_adapters=false``),
 ``long_context=true`` / ``long_context.PART=false`` (hf_zero.enable_long_context, any setup; turns on checkpointing),
+``activation_offload=true`` (torch's ``save_on_cpu(pin_memory=True)`` around each forward: what checkpointing keeps
+goes to pinned host memory, the stack a user builds from PyTorch and the Trainer alone; turns on checkpointing),
 ``data.min_seq`` / ``data.pad_to_multiple_of`` (variable-length samples of min_seq..seq tokens, each batch padded
 to its longest, as DataCollatorWithPadding pads a tokenized dataset) or a dotted DeepSpeed key (``zero_optimization.reduce_bucket_size``); a value is JSON where it parses (``1e9``
 becomes an integer, ``null`` removes the key), else a string.
@@ -85,6 +87,7 @@ class Setup:
     data: dict = field(default_factory=dict)  # DATA_FIELDS; empty: every sample is --seq tokens long
     callback: dict = field(default_factory=dict)  # ZeroCallback options (hf_zero.attach keywords)
     long_context: dict = field(default_factory=dict)  # hf_zero.enable_long_context parts; empty: off
+    activation_offload: bool = False  # torch.autograd.graph.save_on_cpu around each forward
     base: str = ""  # the named setup it derives from
 
     @property
@@ -290,6 +293,12 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 long_parts = {**(long_parts or {}), part: value}
             else:
                 long_parts = {} if value else None
+        elif key == "activation_offload":
+            if value not in (True, False):
+                problems.append(f"activation_offload must be true or false, got {raw!r}")
+            else:
+                setup.activation_offload = value
+                setup.gradient_checkpointing = setup.gradient_checkpointing or value  # it moves what checkpointing keeps
         elif key.startswith("data."):
             name = key.removeprefix("data.")
             if name not in DATA_FIELDS:
@@ -300,7 +309,7 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 setup.data[name] = value
         elif setup.kind != "deepspeed":
             problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD, "
-                            "torchrun.OPTION, dynamo.NAME, lora.FIELD or data.FIELD")
+                            "activation_offload, torchrun.OPTION, dynamo.NAME, lora.FIELD or data.FIELD")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed

@@ -336,6 +336,19 @@ def adapter_dtypes(model) -> list | None:
     return sorted({str(getattr(p, "ds_tensor", p).dtype) for p in model.parameters() if p.requires_grad})
 
 
+def offload_forward_activations(trainer) -> None:
+    """What each forward saves for backward (with checkpointing: each layer's input) goes to pinned host memory and
+    comes back in backward: torch's save_on_cpu around the Trainer's loss computation. Backward, with its
+    recomputed forwards, runs outside it."""
+    compute_loss = trainer.compute_loss
+
+    def compute_loss_offloaded(*args, **kwargs):
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return compute_loss(*args, **kwargs)
+
+    trainer.compute_loss = compute_loss_offloaded
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="JSON written by benchmarks.harness.run")
@@ -364,6 +377,8 @@ def main(argv=None):
                         total_steps(spec) * setup["micro_batch"] * accumulation * world, min_seq=variable.get("min_seq"))
     collator = PadToLongest(variable.get("pad_to_multiple_of")) if variable else None
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+    if setup.get("activation_offload"):
+        offload_forward_activations(trainer)
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
     timer = StepTimer(started)
     trainer.add_callback(timer)

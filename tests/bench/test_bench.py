@@ -654,3 +654,56 @@ def test_offload_targets_take_the_best_shipped_preset_row_against_the_best_plain
     data = {"results": rows, "fingerprint": {"nproc": 2}}
     assert not any("one GPU" in t for t, _, _ in report.evaluate_targets(data))
     assert any("one GPU" in t for t, _, _ in report.evaluate_targets({**data, "fingerprint": {"nproc": 1}}))
+
+
+def test_activation_offload_variant_moves_saved_activations_to_the_host_and_keeps_the_gradients():
+    """activation_offload=true: the stack a user builds from torch and the Trainer alone (the long-context row)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from benchmarks.harness.worker import offload_forward_activations
+
+    known = named_setups()
+    setup = parse_variant("h=ddp:mbs=1,activation_offload=true,args.use_liger_kernel=true", known)
+    assert setup.activation_offload and setup.gradient_checkpointing and setup.as_dict()["activation_offload"]
+    assert not known["ddp"].activation_offload
+    with pytest.raises(ConfigError, match="activation_offload must be true or false"):
+        parse_variant("h=ddp:activation_offload=yes", known)
+
+    def grads(offload):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=1, vocab_size=64))
+        trainer = Trainer(model=model, args=TrainingArguments(output_dir="unused", report_to=[], use_cpu=True))
+        packed = []
+        if offload:
+            offload_forward_activations(trainer)
+        ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+        save_on_cpu = torch.autograd.graph.save_on_cpu
+        # count what the forward hands to torch's saved-tensor hooks: nothing without the offload
+        torch.autograd.graph.save_on_cpu = lambda **kw: _Counting(save_on_cpu(**kw), packed)
+        try:
+            loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+        finally:
+            torch.autograd.graph.save_on_cpu = save_on_cpu
+        loss.backward()
+        return [p.grad for p in model.parameters()], len(packed)
+
+    plain, none_packed = grads(False)
+    offloaded, packed = grads(True)
+    assert none_packed == 0 and packed > 0
+    assert all(torch.equal(a, b) for a, b in zip(plain, offloaded))
+
+
+class _Counting:
+    """Wraps a save_on_cpu context: counts the tensors it packs."""
+
+    def __init__(self, inner, packed):
+        self.inner, self.packed = inner, packed
+        pack = inner.pack_hook
+        inner.pack_hook = lambda tensor: (packed.append(1), pack(tensor))[1]
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
