@@ -44,6 +44,7 @@ _PUBLIC = {
     "prepare": "accelerate_loop",
     "prepare_resume": "checkpoints.resume",
     "preset_descriptions": "config.presets",
+    "preset_names": "config.presets",
     "preset_path": "config.presets",
     "RanksDivergedError": "errors",
     "release_zero3_config": "zero3.loading",

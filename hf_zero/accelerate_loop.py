@@ -42,12 +42,15 @@ SAVE_ARRIVAL_TIMEOUT_S = 120
 def accelerator(**kwargs):
     """``accelerate.Accelerator(**kwargs)`` that DeepSpeed drives on GPU and CPU machines alike.
 
-    On a CPU machine under ``accelerate launch`` with a DeepSpeed config, Accelerate alone gives each rank a world of
-    one; the process state is started on the CPU first (gloo), as the Trainer does with ``use_cpu=True``. Then the
+    On a CPU machine under ``accelerate launch`` with a DeepSpeed config (or with a ``deepspeed_plugin`` passed here,
+    under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU first (gloo), as the Trainer does with ``use_cpu=True``. Then the
     live DeepSpeed config is checked and fixed as ZeroCallback does for the Trainer (see ``prepare``)."""
     from accelerate import Accelerator, PartialState
 
-    if accelerate_launched_deepspeed() and not has_gpu():
+    # DeepSpeed from `accelerate launch`'s config, or from a plugin the script passes (e.g. under torchrun)
+    asked = accelerate_launched_deepspeed() or kwargs.get("deepspeed_plugin") is not None \
+        or bool(kwargs.get("deepspeed_plugins"))
+    if asked and not has_gpu():
         PartialState(cpu=True)
     made = Accelerator(**kwargs)
     plugin = made.state.deepspeed_plugin

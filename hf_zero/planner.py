@@ -196,6 +196,9 @@ class RunShape:
     optimizer_host_share: float = 1.0
     params_on_host: bool = True
     sub_group: int = SUB_GROUP
+    # zero_optimization.overlap_comm of a ZeRO-1/2 config (two reduce buckets alive at once); None: the layout's preset
+    overlap_comm: bool | None = None
+    max_live: int = MAX_LIVE  # zero_optimization.stage3_max_live_parameters
 
     @property
     def zero3_placement(self) -> dict:
@@ -585,6 +588,23 @@ def setup_of_config(config: dict) -> str | None:
     return f"zero{stage}"
 
 
+def run_of_config(run: RunShape, config: dict) -> RunShape:
+    """``run`` with what a DeepSpeed config's keys set (DeepSpeed's defaults where it leaves them out, the planner's
+    preset values where a value is "auto"): the reduce bucket, overlap_comm, stage3_max_live_parameters, ZeRO-3's
+    placement (offload_optimizer.ratio, offload_param, sub_group_size) and the accumulation dtype of an offloaded
+    optimizer. Planned this way, the shipped presets give the figures the planner gives their names."""
+    from .config.dotted import get_dotted, number_at
+
+    zero = lambda key, default: int(number_at(config, f"zero_optimization.{key}", default))
+    overlap = get_dotted(config, "zero_optimization.overlap_comm")
+    return replace(run, **zero3_placement_of(config), bucket=zero("reduce_bucket_size", 500_000_000),
+                   max_live=zero("stage3_max_live_parameters", MAX_LIVE),
+                   # DeepSpeed 0.19.8 turns overlap_comm on by default for stage 3 only, where the planner does not
+                   # count it; unset on ZeRO-1/2 it is off
+                   overlap_comm=bool(overlap) if isinstance(overlap, bool) else False,
+                   fp32_accumulation=get_dotted(config, "data_types.grad_accum_dtype") == "fp32")
+
+
 def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | None:
     """Why DeepSpeed's NVMe parameter swapper would refuse this model, or None: every rank's partition of a parameter
     is swapped through one of offload_param.buffer_count buffers of buffer_size elements, and
@@ -659,13 +679,14 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
     if setup == "ddp":
         phases = _plain_phases(model, run, psi, trained)
     elif setup in REDUCE_BUCKETS:
+        buckets = REDUCE_BUCKETS[setup] if run.overlap_comm is None else 1 + bool(run.overlap_comm)
         weights = {"parameters": half * psi}
         if setup != "zero2_offload":
             weights["optimizer"] = 12 * trained // n
         phases = {"backward": {**weights, "activations": activations},
                   # the loss and logits are freed by the time the first gradients are reduced
                   "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
-                                            "buffers": REDUCE_BUCKETS[setup] * bucket}}
+                                            "buffers": buckets * bucket}}
         if setup == "zero2_offload":
             host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes,
                                        run.fp32_accumulation)
@@ -683,7 +704,7 @@ def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
         # while stage3_max_live_parameters allows (measured 1.91 GiB at 1e9 for 1.35B at N = 2, 4 and 8;
         # none on one GPU, where nothing is gathered unless the parameters live on the host)
         fetched = n > 1 or (offload and run.params_on_host)
-        gathered = half * (min(MAX_LIVE, psi) + model.largest_layer) if fetched else 0
+        gathered = half * (min(run.max_live, psi) + model.largest_layer) if fetched else 0
         if not offload:
             states = {"parameters": half * psi // n, "gradients": half * trained // n, "optimizer": 12 * trained // n}
             phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
@@ -888,18 +909,42 @@ def largest_model(setup: str, model: ModelShape, run: RunShape, gpu_capacity: in
     return LargestModel(setup, deepest, estimate(setup, deepest, run), over(first_over) if first_over else ())
 
 
+def planned_setups(run: RunShape, configs: dict | None = None) -> list:
+    """(name, layout, run) for each setup to plan: DDP and the planner's layouts by name, or, with ``configs`` (name ->
+    DeepSpeed config dict; None for a built-in name), each config planned from its keys (its layout from its stage and
+    offload devices, its buckets and placement through run_of_config)."""
+    if configs is None:
+        return [(name, name, run) for name in SETUPS]
+    planned = []
+    for name, config in configs.items():
+        if config is None:
+            planned.append((name, name, run))
+            continue
+        layout = setup_of_config(config)
+        if layout is None:
+            raise ValueError(f"{name}: no ZeRO stage (zero_optimization.stage is 0 or missing); the planner plans "
+                             "ZeRO configs, and DDP without one")
+        planned.append((name, layout, run_of_config(run, config)))
+    return planned
+
+
 def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib: float | None = None,
-              headroom: float = 0.9, nvme_mem_gib: float | None = None, largest: bool = False) -> Plan:
+              headroom: float = 0.9, nvme_mem_gib: float | None = None, largest: bool = False,
+              configs: dict | None = None) -> Plan:
     """The fastest setup that fits in ``headroom`` of each GPU (and of host memory and NVMe for offload), and the
     longest sequence each setup fits; with ``largest``, also the deepest model of the model's shape each setup
-    fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice."""
+    fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice. ``configs``: plan these
+    named DeepSpeed configs from their keys instead of the built-in setups (planned_setups)."""
     capacity, host_capacity = int(gpu_mem_gib * GIB), int(cpu_mem_gib * GIB) if cpu_mem_gib else None
     nvme_capacity = int(nvme_mem_gib * GIB) if nvme_mem_gib else None
-    estimates = [estimate(s, model, run) for s in SETUPS]
+    setups = planned_setups(run, configs)
+    layouts = {name: layout for name, layout, _ in setups}
+    estimates = [replace(estimate(layout, model, shape), setup=name) for name, layout, shape in setups]
     reasons, choice = {}, None
-    for est in sorted(estimates, key=lambda e: PREFERENCE.index(e.setup)):
+    # least sharding first; configs of one layout in the order given
+    for est in sorted(estimates, key=lambda e: PREFERENCE.index(layouts[e.setup])):
         short = shortfall(est, capacity, host_capacity, headroom, nvme_capacity)
-        if est.setup == "ddp" and run.sequence_parallel > 1:
+        if layouts[est.setup] == "ddp" and run.sequence_parallel > 1:
             reasons[est.setup] = ("not with sequence parallelism: Ulysses runs under DeepSpeed (Accelerate's "
                                   "sp_backend='deepspeed'); planned here with the whole sequence on each GPU")
         elif short:
@@ -909,14 +954,17 @@ def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib:
             reasons[est.setup] = f"fits: {est.gpu_total / GIB:.1f} GiB per GPU; the least sharding that fits is the fastest"
         else:
             reasons[est.setup] = f"fits, but shards or offloads more than {choice} (slower)"
-    longest = {s: longest_sequence(s, model, run, capacity, host_capacity, headroom, nvme_capacity) for s in SETUPS}
-    deepest = {s: largest_model(s, model, run, capacity, host_capacity, nvme_capacity, headroom)
-               for s in SETUPS} if largest else {}
+    longest = {name: longest_sequence(layout, model, shape, capacity, host_capacity, headroom, nvme_capacity)
+               for name, layout, shape in setups}
+    deepest = {name: replace(largest_model(layout, model, shape, capacity, host_capacity, nvme_capacity, headroom),
+                             setup=name)
+               for name, layout, shape in setups} if largest else {}
     # offload chosen for the whole optimizer, while the GPU could hold most of it (a placement the run already
     # asks for is planned as given)
     partial = None
-    if choice in ("zero2_offload", "zero3_offload", "zero3_nvme") and run.optimizer_host_share == 1 \
-            and run.params_on_host:
-        partial = partial_offload_share(model, run, capacity, host_capacity, headroom)
+    chosen = next((shape for name, _, shape in setups if name == choice), run)
+    if choice is not None and layouts[choice] in ("zero2_offload", "zero3_offload", "zero3_nvme") \
+            and chosen.optimizer_host_share == 1 and chosen.params_on_host:
+        partial = partial_offload_share(model, chosen, capacity, host_capacity, headroom)
     return Plan(model, run, capacity, host_capacity, estimates, choice, reasons, longest, nvme_capacity, deepest,
                 partial)

@@ -26,15 +26,16 @@ from dataclasses import asdict, dataclass, field
 
 from hf_zero.errors import ConfigError
 from hf_zero.config.dotted import get_dotted, set_dotted
-from hf_zero.config.presets import load_config
+from hf_zero.config.presets import load_config, preset_names, preset_problem
 from hf_zero.long_context import LongContext
 
 MICRO_BATCH, GC_MICRO_BATCH = 4, 8
-PRESETS = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
-BASES = ("ddp", "fsdp", "ds_auto_zero2", "ds_auto_zero3") + PRESETS
 # named, but never in a default sweep: its swap files go to the work folder's disk (worker.nvme_folder), which
 # says more about that disk than about ZeRO
 EXTRA_BASES = ("zero3_nvme",)
+# every usable JSON in recipes/ is a setup of the harness (a preset added there included)
+PRESETS = tuple(name for name in preset_names() if name not in EXTRA_BASES and not preset_problem(name))
+BASES = ("ddp", "fsdp", "ds_auto_zero2", "ds_auto_zero3") + PRESETS
 # On one GPU there is nothing to shard or compare FSDP with; what matters there is offload vs plain.
 ONE_GPU_BASES = ("ddp", "zero2", "zero3", "zero2_offload", "zero3_offload")
 DATA_FIELDS = ("min_seq", "pad_to_multiple_of")  # variable-length batches (worker.PadToLongest)
@@ -117,12 +118,9 @@ class Setup:
             return None
         if self.kind == "ddp":
             return "ddp"
-        offload = get_dotted(self.deepspeed, "zero_optimization.offload_optimizer.device") not in (None, "none")
-        if self.stage == 3:
-            if get_dotted(self.deepspeed, "zero_optimization.offload_param.device") == "nvme":
-                return "zero3_nvme"
-            return "zero3_offload" if offload else "zero3"
-        return ("zero2_offload" if offload else "zero2") if self.stage == 2 else "zero1"
+        from hf_zero.planner import setup_of_config
+
+        return setup_of_config(self.deepspeed)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -56,12 +56,15 @@ def add_parser(subparsers):
     p.add_argument("--long-context", nargs="?", const="all", default="", metavar="PARTS",
                    help="plan hf_zero's long-context switch: all parts, or a comma-separated subset of "
                         f"{', '.join(LONG_CONTEXT_PARTS)} (offload_activations implies gradient checkpointing)")
-    p.add_argument("--offload-ratio", type=float, default=1.0, metavar="R",
+    p.add_argument("--config", metavar="FILE_OR_NAME",
+                   help="plan this DeepSpeed config (a JSON file or a preset name) from its keys, instead of DDP and "
+                        "every preset")
+    p.add_argument("--offload-ratio", type=float, default=None, metavar="R",
                    help="zero3_offload: the share of the optimizer stepped on the host (offload_optimizer.ratio); "
                         "the rest keeps its fp32 states on the GPU")
     p.add_argument("--params-on-gpu", action="store_true",
                    help="zero3_offload: keep the 16-bit parameters on the GPU (no offload_param block)")
-    p.add_argument("--sub-group-size", type=int, default=SUB_GROUP, metavar="N",
+    p.add_argument("--sub-group-size", type=int, default=None, metavar="N",
                    help=f"zero3_offload: elements per optimizer sub-group, the unit --offload-ratio splits "
                         f"(default {SUB_GROUP:.0e})")
     p.add_argument("--largest", action="store_true",
@@ -139,9 +142,8 @@ def render(plan) -> str:
         lines.append(f"  also fits: zero3_offload with {share:.0%} of the optimizer on the host and the parameters on "
                      f"the GPU; plan and --write it with --offload-ratio {share:g} --params-on-gpu --sub-group-size "
                      f"{PARTIAL_OFFLOAD_SUB_GROUP}")
-        lines.append("    (one H200, 1.35B, 30% on the host: 38,801 tokens/s against zero2_offload's 38,374 at 65,536 "
-                     "tokens per optimizer step, 6,704 against 6,165 at 4,096)")
-    for setup in SETUPS:
+        lines.append("    (measured faster than zero2_offload on one GPU: hf_zero's docs, planner.md)")
+    for setup in (e.setup for e in plan.estimates):
         if setup != plan.choice and not plan.reasons[setup].startswith("fits"):
             lines.append(f"  not {setup}: {plan.reasons[setup]}")
     parallel = r.sequence_parallel > 1
@@ -161,8 +163,7 @@ def render_largest(plan) -> str:
              f"vocab {m.vocab}; {m.largest_layer / 1e6:.1f}M parameters per layer) in 90% of {within} "
              f"(seq {r.seq}, micro batch {r.micro_batch}{', gradient checkpointing' if r.checkpointing else ''}):", "",
              f"{'setup':<14}{'layers':>8}{'params B':>10}{'GPU GiB':>10}{'host GiB':>10}{'NVMe GiB':>10}  limit"]
-    for setup in SETUPS:
-        found = plan.largest[setup]
+    for setup, found in plan.largest.items():
         limit = " and ".join(found.limit) or f"none up to {MAX_LAYERS_SEARCHED} layers"
         if found.model is None:
             lines.append(f"{setup:<14}{'none fits':>10}{'':>38}  {limit}")
@@ -267,13 +268,14 @@ def leaf_threshold(model) -> int:
     return int(1.2 * model.largest_layer / 12)
 
 
-def write_config(plan, path) -> None:
+def write_config(plan, path, configs: dict | None = None) -> None:
     from ..config.dotted import set_dotted
     from ..config.presets import load_config
 
     if plan.choice in (None, "ddp"):
         raise ConfigError(f"the plan recommends {plan.choice or 'nothing'}: there is no DeepSpeed config to write")
-    config = load_config(plan.choice)
+    planned = (configs or {}).get(plan.choice)
+    config = load_config(planned if planned is not None else plan.choice)
     # a bucket bigger than the model only costs memory
     bucket = min(500_000_000, plan.model.params)
     for key in ("zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
@@ -285,7 +287,7 @@ def write_config(plan, path) -> None:
         # layers as ZeRO-3 leaves break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns it off too)
         threshold = 0 if plan.run.lora_r else leaf_threshold(plan.model)
         set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", threshold)
-    if plan.choice == "zero3_offload":  # the placement the plan counted (--offload-ratio, --params-on-gpu)
+    if plan.choice == "zero3_offload" and planned is None:  # the placement the plan counted (--offload-ratio, --params-on-gpu)
         if plan.run.optimizer_host_share < 1:
             set_dotted(config, "zero_optimization.offload_optimizer.ratio", plan.run.optimizer_host_share)
         if plan.run.sub_group != SUB_GROUP:
@@ -297,13 +299,13 @@ def write_config(plan, path) -> None:
 
 def _check_numbers(args) -> None:
     for name, least in _AT_LEAST.items():
-        if getattr(args, name) < least:
+        if getattr(args, name) is not None and getattr(args, name) < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
     for name in _POSITIVE:
         value = getattr(args, name)
         if value is not None and not value > 0:  # also NaN
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of GiB, got {value:g}")
-    if not 0 <= args.offload_ratio <= 1:  # also NaN
+    if args.offload_ratio is not None and not 0 <= args.offload_ratio <= 1:  # also NaN
         raise ConfigError(f"--offload-ratio must be between 0 and 1 (the share of the optimizer on the host), "
                           f"got {args.offload_ratio:g}")
 
@@ -331,8 +333,36 @@ def _check_layout(model, run_shape) -> None:
                           "(Ulysses gives each GPU whole heads). Fix: a size that divides the head count.")
 
 
+def configs_to_plan(args) -> dict | None:
+    """Name -> DeepSpeed config for make_plan: the --config alone, or DDP and the planner's presets by name plus every
+    other preset in recipes/ (planned from its keys); None when there are no others."""
+    from ..config.presets import is_preset_name, load_config, preset_names, preset_problem
+    from ..planner import setup_of_config
+
+    if args.config is not None:
+        placement = [flag for flag, value in (("--offload-ratio", args.offload_ratio),
+                                              ("--sub-group-size", args.sub_group_size),
+                                              ("--params-on-gpu", args.params_on_gpu or None)) if value is not None]
+        if placement:
+            raise ConfigError(f"{', '.join(placement)} set a preset's placement; with --config the config's own "
+                              "keys (offload_optimizer.ratio, sub_group_size, offload_param) say it. Fix: set them in "
+                              "the config, or drop --config")
+        config = load_config(args.config)
+        if setup_of_config(config) is None:
+            raise ConfigError(f"--config {args.config}: zero_optimization.stage is 0 or missing, so there is no ZeRO "
+                              "layout to plan. Fix: pass a ZeRO config (stage 1, 2 or 3), or leave --config out to "
+                              "plan DDP and every preset")
+        name = args.config.removesuffix(".json") if is_preset_name(args.config) else Path(args.config).stem
+        return {name: config}
+    others = [name for name in preset_names() if name not in SETUPS and not preset_problem(name)]
+    if not others:
+        return None
+    return {**{name: None for name in SETUPS}, **{name: load_config(name) for name in others}}
+
+
 def run(args) -> int:
     _check_numbers(args)
+    configs = configs_to_plan(args)
     configs_dir = _largest_dir(args)
     lora_r, lora_targets = _lora(args)
     long_context = _long_context(args.long_context)
@@ -344,8 +374,10 @@ def run(args) -> int:
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
                          compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
                          reference_model=args.reference_model, sequence_parallel=args.sequence_parallel,
-                         long_context=long_context, optimizer_host_share=args.offload_ratio,
-                         params_on_host=not args.params_on_gpu, sub_group=args.sub_group_size)
+                         long_context=long_context,
+                         optimizer_host_share=1.0 if args.offload_ratio is None else args.offload_ratio,
+                         params_on_host=not args.params_on_gpu,
+                         sub_group=SUB_GROUP if args.sub_group_size is None else args.sub_group_size)
     _check_layout(model, run_shape)
     if lora_r:
         try:
@@ -353,7 +385,7 @@ def run(args) -> int:
         except ValueError as e:
             raise ConfigError(f"--lora-target-modules: {e}") from None
     plan = make_plan(model, run_shape, _gpu_mem(args), args.cpu_mem, nvme_mem_gib=args.nvme_mem,
-                     largest=args.largest)
+                     largest=args.largest, configs=configs)
     if args.json:
         report = {"model": model.__dict__, "run": run_shape.__dict__, "choice": plan.choice, "reasons": plan.reasons,
                   "partial_offload": plan.partial_offload,
@@ -372,5 +404,5 @@ def run(args) -> int:
     if args.plot:
         plot(plan, args.plot)
     if args.write:
-        write_config(plan, args.write)
+        write_config(plan, args.write, configs)
     return 0 if plan.choice else 1

@@ -5,7 +5,7 @@ from .dotted import get_dotted, offload_devices, set_dotted, zero_stage
 from .findings import TRAINER_AUTO_KEYS, Finding, fill_auto
 from .json_file import parse_json, read_json_object
 from .live import deepspeed_config_of
-from .presets import accelerate_config_path, is_preset_name, load_config, preset_descriptions, preset_path
+from .presets import accelerate_config_path, is_preset_name, load_config, preset_descriptions, preset_names, preset_path
 from .rules import fix_config
 from .validate import check_config, validate_config
 
@@ -22,6 +22,7 @@ __all__ = [
     "offload_devices",
     "parse_json",
     "preset_descriptions",
+    "preset_names",
     "preset_path",
     "read_json_object",
     "set_dotted",

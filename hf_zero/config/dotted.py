@@ -77,6 +77,11 @@ def _number(value, default):
         return default
 
 
+def number_at(config: dict, key: str, default):
+    """The number at the dotted ``key`` (DeepSpeed's "1e9" strings included), else ``default`` (absent, or "auto")."""
+    return _number(get_dotted(config, key), default)
+
+
 def optimizer_host_share(config: dict) -> float:
     """offload_optimizer.ratio: the share of ZeRO-3's optimizer sub-groups that step on the host (1.0, DeepSpeed's
     default, is all of them; the others keep their fp32 states on the GPU)."""

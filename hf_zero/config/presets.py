@@ -1,6 +1,7 @@
 """Presets (the DeepSpeed configs shipped in recipes/) and reading any config: a preset name, a JSON file, or a dict."""
 
 import copy
+import functools
 from importlib import resources
 from pathlib import Path
 
@@ -17,8 +18,8 @@ def _presets_dir() -> Path:
         return Path(__file__).resolve().parents[2] / "recipes"
 
 
-def preset_descriptions() -> dict:
-    """Preset name -> one line on what it is for, in the order they are listed."""
+def _described() -> dict:
+    """recipes/__init__.py's DESCRIPTIONS: the shipped presets' one-line descriptions, in the order they are listed."""
     try:
         from hf_zero.recipes import DESCRIPTIONS
     except ModuleNotFoundError:
@@ -29,22 +30,77 @@ def preset_descriptions() -> dict:
     return dict(DESCRIPTIONS)
 
 
+def preset_names() -> list:
+    """Every DeepSpeed JSON in recipes/ is a preset: the described ones in DESCRIPTIONS' order, then the others by name."""
+    found = sorted(path.stem for path in _presets_dir().glob("*.json"))
+    described = [name for name in _described() if name in found]
+    return described + [name for name in found if name not in described]
+
+
+def describe_config(config: dict) -> str:
+    """A one-line description of a DeepSpeed config from its keys (for a preset without a line in DESCRIPTIONS)."""
+    from .dotted import offload_devices, zero_stage
+
+    stage = zero_stage(config)
+    if not stage:
+        return "no ZeRO stage (zero_optimization.stage 0)"
+    places = {block: get_dotted(config, f"zero_optimization.offload_{block}.device") for block in ("optimizer", "param")}
+    offloaded = [f"{block} on {device}" for block, device in places.items() if device not in (None, "none")]
+    return f"ZeRO-{stage}" + (f" ({', '.join(offloaded)})" if offload_devices(config) and offloaded else "")
+
+
+def preset_problem(name: str) -> str | None:
+    """Why the preset ``name`` cannot be used (its JSON unreadable, or DeepSpeed's parser rejects it), else None."""
+    path = _presets_dir() / f"{name}.json"
+    try:
+        stat = path.stat()
+    except OSError:
+        return None  # not a preset: preset_path says so
+    return _problem_of_file(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _problem_of_file(path: str, mtime_ns: int, size: int) -> str | None:
+    # keyed by the file's time and size: a preset edited in place is parsed again
+    from .validate import parser_findings
+
+    try:
+        config = read_json_object(Path(path), "DeepSpeed config")
+    except ConfigError as e:
+        return str(e)
+    errors = [str(f) for f in parser_findings(config) if f.severity == "error"]
+    return "; ".join(errors) or None
+
+
+def preset_descriptions() -> dict:
+    """Preset name -> one line on what it is for (from DESCRIPTIONS, else from its keys), in the order they are
+    listed; a preset DeepSpeed cannot use is listed as broken, with the parser's message."""
+    described, lines = _described(), {}
+    for name in preset_names():
+        problem = preset_problem(name)
+        if problem:
+            lines[name] = f"broken: {problem}"
+        else:
+            lines[name] = described.get(name) or describe_config(_read_json(_presets_dir() / f"{name}.json"))
+    return lines
+
+
 def _unknown_preset(name) -> ConfigError:
-    names = ", ".join(preset_descriptions())
+    names = ", ".join(preset_names())
     return ConfigError(f"unknown preset {name!r}; choose one of: {names} (or pass a path to a DeepSpeed JSON file)")
 
 
 def preset_path(name: str) -> Path:
-    """Path of a shipped DeepSpeed preset, e.g. ``preset_path("zero3")``."""
+    """Path of a preset's DeepSpeed JSON, e.g. ``preset_path("zero3")``: any JSON in recipes/."""
     if name.endswith(".json"):
         name = name[: -len(".json")]
-    if name not in preset_descriptions():
+    if name not in preset_names():
         raise _unknown_preset(name)
     return _presets_dir() / f"{name}.json"
 
 
 def _read_json(path: Path) -> dict:
-    names = ", ".join(preset_descriptions())
+    names = ", ".join(preset_names())
     return read_json_object(path, "DeepSpeed config", missing_hint=f"; pass a preset name ({names}) or an existing JSON file")
 
 
@@ -55,7 +111,7 @@ def accelerate_config_path(name: str) -> Path:
 
 
 def is_preset_name(value) -> bool:
-    return isinstance(value, str) and value.removesuffix(".json") in preset_descriptions() and not Path(value).exists()
+    return isinstance(value, str) and value.removesuffix(".json") in preset_names() and not Path(value).exists()
 
 
 def load_config(config, *, nvme_path=None, overrides=None) -> dict:
@@ -70,7 +126,12 @@ def load_config(config, *, nvme_path=None, overrides=None) -> dict:
     elif isinstance(config, (str, Path)):
         text = str(config)
         if is_preset_name(text):
-            loaded = _read_json(preset_path(text))
+            name = text.removesuffix(".json")
+            problem = preset_problem(name)
+            if problem:  # never half-used: a preset DeepSpeed rejects stops here, with the parser's message
+                raise ConfigError(f"preset {name!r} ({preset_path(name)}) is broken: {problem}. Fix: correct or "
+                                  "remove that JSON")
+            loaded = _read_json(preset_path(name))
         elif not text.endswith(".json") and not Path(text).exists() and "/" not in text:
             raise _unknown_preset(text)
         else:

@@ -7,6 +7,17 @@ from .rules import CheckContext, config_findings
 from .schema import schema_findings
 
 
+def parser_findings(config: dict) -> list:
+    """What DeepSpeed's own config parser says of ``config``, with the values the Trainer fills ("auto") filled."""
+    filled = fill_auto(config)
+    if not any(k in filled for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
+        filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in (batch-size-missing reports it), so the parser checks the rest
+    elif "train_micro_batch_size_per_gpu" in filled:
+        # batch-arithmetic checks it for the real world size; DeepSpeed's parser sees only its own
+        filled.pop("train_batch_size", None)
+    return schema_findings(filled)
+
+
 def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, trainer_fills_auto: bool = True,
                     model_config: dict | None = None, trainer_args: dict | None = None, environment: bool = False,
                     sequence_parallel: int = 1) -> list:
@@ -19,14 +30,7 @@ def validate_config(config: dict, *, on_cpu: bool = False, world_size: int = 1, 
     context = CheckContext(config, on_cpu=on_cpu, world_size=world_size, trainer_fills_auto=trainer_fills_auto,
                            model_config=model_config or {}, trainer_args=trainer_args or {},
                            sequence_parallel=sequence_parallel)
-    findings = config_findings(context)
-    filled = fill_auto(config)
-    if not any(k in filled for k in ("train_batch_size", "train_micro_batch_size_per_gpu")):
-        filled["train_micro_batch_size_per_gpu"] = 1  # a stand-in (batch-size-missing reports it), so the parser checks the rest
-    elif "train_micro_batch_size_per_gpu" in filled:
-        # batch-arithmetic checks it for the real world size; DeepSpeed's parser sees only its own
-        filled.pop("train_batch_size", None)
-    findings = schema_findings(filled) + findings
+    findings = parser_findings(config) + config_findings(context)
     if environment:
         findings += environment_findings(context)
     return findings

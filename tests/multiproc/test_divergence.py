@@ -31,6 +31,20 @@ def test_a_branch_on_one_rank_stops_every_rank_naming_both_modules(tmp_path):
     assert "collective mismatch" not in proc.stderr  # stopped before gloo saw the gathers differ
 
 
+def test_the_accelerate_door_stops_a_branch_on_one_rank_too(tmp_path):
+    # hf_zero.prepare in Accelerate's own loop: the same check, the same message
+    proc = _run(tmp_path, "--diverge-at", "0", "--door", "loop", expect_fail=True)
+    stops = _stops(proc)
+    assert sorted(line.split(" diverged")[0] for line in stops) == ["rank 0", "rank 1"]
+    assert "rank 0: 'rank_zero_only'; rank 1: 'shared'" in stops[0] and "Fix:" in stops[0]
+
+
+@pytest.mark.slow  # the quiet side of the Accelerate door (the Trainer door's is in make test)
+def test_the_accelerate_door_lets_agreeing_ranks_train(tmp_path):
+    quiet = _run(tmp_path, "--door", "loop", "--steps", "3")
+    assert not _stops(quiet) and '"steps": 3' in quiet.stdout
+
+
 def test_always_catches_a_divergence_after_the_first_steps(tmp_path):
     proc = _run(tmp_path, "--diverge-at", "3", "--check", "always", expect_fail=True)
     assert len(_stops(proc)) == 2 and "diverged at step 3, micro-step 0" in _stops(proc)[0]

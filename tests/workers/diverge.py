@@ -1,5 +1,6 @@
 """A tiny model whose forward takes a branch on rank 0 only, trained by the Trainer under ZeRO-3 with ZeroCallback on
-two ranks, its parameters released after each use (so every module's forward gathers them with a collective).
+two ranks, its parameters released after each use (so every module's forward gathers them with a collective); with
+``--door loop``, trained by a plain Accelerate loop through hf_zero.prepare instead.
 
 Rank by rank it prints what ended the run: "diverged after S s: MESSAGE", or how many checks ZeroCallback's
 divergence watch ran and whether its hooks were still on at the end, then FINISHED."""
@@ -52,12 +53,41 @@ class EngineAware(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
+def train_loop(opts, config, data):
+    """Accelerate's own loop (a torch AdamW, accelerator.backward, optimizer.step) with hf_zero.prepare."""
+    from accelerate.utils import DeepSpeedPlugin
+    from torch.utils.data import DataLoader
+
+    config["train_micro_batch_size_per_gpu"] = 2
+    accelerator = hf_zero.accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    model = Branchy(opts.diverge_at)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(data, batch_size=2, collate_fn=default_data_collator)
+    engine, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader, divergence_check=opts.check)
+    model.engine[:] = [engine]
+    rank = torch.distributed.get_rank()
+    started = time.monotonic()
+    try:
+        for _, batch in zip(range(opts.steps), loader):
+            accelerator.backward(engine(**batch)["loss"])
+            optimizer.step()
+            optimizer.zero_grad()
+    except hf_zero.RanksDivergedError as e:
+        say(f"rank {rank} diverged after {time.monotonic() - started:.1f} s: {e}")
+        torch.distributed.barrier()
+        raise SystemExit(3)
+    say("WATCH " + json.dumps({"rank": rank, "steps": int(engine.global_steps)}))
+    hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--diverge-at", type=int, default=None, help="rank 0 takes its own branch from this step on")
     p.add_argument("--check", default="first_steps")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--door", default="trainer", choices=["trainer", "loop"])
     opts = p.parse_args()
 
     hf_zero.init_distributed()
@@ -65,11 +95,13 @@ def main():
     # released after every use: each module's forward really gathers its parameters
     config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0,
                                        stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+    torch.manual_seed(0)
+    data = [{"input_ids": torch.randint(0, VOCAB, (8,)), "labels": torch.randint(0, VOCAB, (8,))} for _ in range(64)]
+    if opts.door == "loop":
+        return train_loop(opts, config, data)
     args = hf_zero.TrainingArguments(output_dir=opts.out, deepspeed=config, per_device_train_batch_size=2,
                                      max_steps=opts.steps, learning_rate=1e-3, report_to=[], save_strategy="no",
                                      logging_steps=1, disable_tqdm=True, seed=0)
-    torch.manual_seed(0)
-    data = [{"input_ids": torch.randint(0, VOCAB, (8,)), "labels": torch.randint(0, VOCAB, (8,))} for _ in range(64)]
     callback = hf_zero.ZeroCallback(divergence_check=opts.check)
     trainer = EngineAware(model=Branchy(opts.diverge_at), args=args, train_dataset=data,
                           data_collator=default_data_collator, callbacks=[callback])
