@@ -20,7 +20,7 @@ import inspect
 import logging
 
 from ..errors import RanksDivergedError
-from .divergence import WAIT_S, _flag, zero3_on_several_ranks
+from .divergence import WAIT_S, zero3_on_several_ranks
 
 logger = logging.getLogger("hf_zero")
 
@@ -162,11 +162,12 @@ class VisionInStep:
             logger.warning("hf_zero: could not run the vision tower %r on a dummy input (%s); ranks whose batches "
                            "have no images cannot keep in step with ranks that have some.", self.tower, self.broken)
 
-    def _run_dummy(self):
-        embeddings = self.vlm.get_input_embeddings()
-        weight = embeddings.weight
-        return self.vlm.get_image_features(**dummy_vision_input(self.vlm, weight.dtype, weight.device),
-                                           return_dict=True)
+    def _run_dummy(self, like=None):
+        if like is None:
+            # parameters() reads ZeRO-3's parameter dict without indexing it: ``module.weight`` inside a forward
+            # would gather the weight on this rank alone (DeepSpeed's external-parameter fetch)
+            like = next(self.vlm.get_input_embeddings().parameters())
+        return self.vlm.get_image_features(**dummy_vision_input(self.vlm, like.dtype, like.device), return_dict=True)
 
     def _after_embeddings(self, module, args, output):
         passes, self.pending = self.pending, 0
@@ -174,9 +175,15 @@ class VisionInStep:
             return None
         features = []
         for _ in range(passes):
-            features += _features(self._run_dummy())
+            features += _features(self._run_dummy(like=output))
         self.dummy_passes += passes
         return output + exact_zero_from(features).to(output.dtype)
+
+
+def _compiled(engine, name: str) -> bool:
+    """An engine flag that DeepSpeed spells as a method or as a property, depending on the flag."""
+    value = getattr(engine, name, False)
+    return bool(value() if callable(value) else value)
 
 
 def _exchange_over(group):
@@ -196,7 +203,7 @@ def keep_vision_in_step(engine, mode: str = "keep") -> VisionInStep | None:
     compiled whole (a host collective in a hook would break the graph), or where one is on already."""
     if mode == "off" or not zero3_on_several_ranks(engine):
         return None
-    if any(_flag(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
+    if any(_compiled(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
         return None
     model = engine.module
     vlm = vision_language_model(model)
