@@ -143,9 +143,10 @@ class VisionInStep:
                 raise RanksDivergedError(
                     f"ZeRO-3 ranks diverged: some ranks run {self.tower!r} on their images or video in this forward "
                     f"and others have none (vision passes per rank: {lowest} to {highest}), and hf_zero could not run "
-                    f"{self.tower!r} on a dummy input to keep the others in step ({self.broken}). Fix: give every "
-                    "rank's batches the same modalities (a sampler that groups them), or make the vision tower a "
-                    "ZeRO-3 leaf (deepspeed.utils.set_z3_leaf_modules), which gathers it whole on every rank.")
+                    f"{self.tower!r} on a dummy input to keep the others in step ({self.broken}). Fix: a vision config "
+                    "that sizes the tower's input as the tower takes it (image_size, num_channels; patch_size, "
+                    "temporal_patch_size, spatial_merge_size for flattened patches), or batches whose modalities "
+                    "match across ranks (a sampler that groups them).")
             return None  # every rank without vision input: nothing to pad, as without keep
         self.pending = target - mine
         return None
