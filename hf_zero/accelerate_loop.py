@@ -29,6 +29,7 @@ from .errors import CheckpointError, ConfigError, RanksDivergedError
 from .offload_threads import threads_for_offload
 from .zero3.divergence import divergence_check_problem, watch_fetch_order
 from .zero3.generation import keep_generation_in_step
+from .zero3.modalities import keep_vision_in_step, vision_in_step_problem
 
 logger = logging.getLogger("hf_zero")
 
@@ -111,7 +112,8 @@ def _with_preset_optimizer(config: dict, optimizer):
 
 
 def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
-            offload_step_chunk: int | None = None, divergence_check: str = "first_steps"):
+            offload_step_chunk: int | None = None, divergence_check: str = "first_steps",
+            vision_in_step: str = "keep"):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
     model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
 
@@ -126,10 +128,13 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
 
     ``divergence_check``: under ZeRO-3 on several ranks, check before each parameter gather that every rank is about
     to gather the same module, and stop with the modules named when they are not ("first_steps": the first optimizer
-    steps; "always"; "off"), as ZeroCallback does."""
+    steps; "always"; "off"), as ZeroCallback does. ``vision_in_step``: under ZeRO-3 on several ranks, ranks whose batch
+    has no images run a vision-language model's vision tower on a dummy input so every rank gathers the same modules
+    ("keep", "per_step", "off"; hf_zero.zero3.modalities), as ZeroCallback does."""
     import torch
 
-    problem = step_chunk_problem(offload_step_chunk) or divergence_check_problem(divergence_check)
+    problem = (step_chunk_problem(offload_step_chunk) or divergence_check_problem(divergence_check)
+               or vision_in_step_problem(vision_in_step))
     if problem:
         raise ConfigError(problem)
     plugin = accelerator.state.deepspeed_plugin
@@ -157,6 +162,7 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
         raise ConfigError(problems)
     watch_fetch_order(engine, divergence_check)  # its hooks on the model keep it alive
     keep_generation_in_step(engine)
+    keep_vision_in_step(engine, vision_in_step)
     from accelerate.utils import DynamoBackend
 
     # torch.compile would trace the forward hooks that finish the step

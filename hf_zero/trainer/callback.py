@@ -25,6 +25,7 @@ from ..sequence_parallel import (active_parallelism_config, attention_head_count
                                  sequence_parallel_problems)
 from ..zero3.divergence import divergence_check_problem, watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
+from ..zero3.modalities import keep_vision_in_step, vision_in_step_problem
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems, set_gradient_checkpointing_kwargs,
@@ -105,6 +106,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
+    Under ZeRO-3 on several ranks, ranks whose batch has no images run a vision-language model's vision tower on a
+    dummy input, so every rank gathers the same modules (``vision_in_step``: "keep", "per_step" or "off";
+    hf_zero/zero3/modalities.py).
     At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
@@ -112,7 +116,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
                  offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
-                 divergence_check: str = "first_steps"):
+                 divergence_check: str = "first_steps", vision_in_step: str = "keep"):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
@@ -123,10 +127,11 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(chunk_problem)
         self.offload_step_chunk = offload_step_chunk
         self.offload_step_in_forward = offload_step_in_forward
-        divergence_problem = divergence_check_problem(divergence_check)
+        divergence_problem = divergence_check_problem(divergence_check) or vision_in_step_problem(vision_in_step)
         if divergence_problem:
             raise ConfigError(divergence_problem)
         self.divergence_check = divergence_check
+        self.vision_in_step = vision_in_step
         self._fetch_watch = None
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
@@ -142,6 +147,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                 "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
                 "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
                 "offload_step_in_forward": self.offload_step_in_forward, "divergence_check": self.divergence_check,
+                "vision_in_step": self.vision_in_step,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -353,6 +359,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             logger.info("hf_zero: %s", note)
         self._fetch_watch = watch_fetch_order(self.trainer.model_wrapped, self.divergence_check)
         keep_generation_in_step(self.trainer.model_wrapped)
+        keep_vision_in_step(self.trainer.model_wrapped, self.vision_in_step)  # its hooks on the model keep it alive
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, launched,
                         ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")
