@@ -65,6 +65,13 @@ def rotate_checkpoints(trainer, output_dir: str, save_total_limit: int) -> None:
         args.save_total_limit = saved
 
 
+# ---- transformers: mixture-of-experts --------------------------------------------------------------------------
+def experts_implementation(experts) -> str | None:
+    """How a fused experts module runs ("eager", "grouped_mm", "batched_mm", ...): transformers 5 keeps the choice in
+    its config's ``_experts_implementation``; None for a module without one (remote code, transformers 4.x)."""
+    return getattr(getattr(experts, "config", None), "_experts_implementation", None)
+
+
 # ---- torch ----------------------------------------------------------------------------------------------------------
 def set_allocator_settings(settings: str) -> None:
     """The caching allocator's settings at run time: torch 2.9 moved the setter to the accelerator-generic API."""

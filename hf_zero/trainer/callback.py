@@ -26,6 +26,7 @@ from ..sequence_parallel import (active_parallelism_config, attention_head_count
                                  sequence_parallel_problems)
 from ..zero3.divergence import divergence_check_problem, watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
+from ..zero3.moe import make_moe_leaves, moe_leaves_problem
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems, set_gradient_checkpointing_kwargs,
@@ -121,6 +122,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
     While training: per-rank memory and the ZeRO stage join the Trainer's logs.
     ``long_context=True`` (or a dict of parts) turns on hf_zero.long_context's tiled MLP, fused loss and
     offloaded checkpointed activations before the engine exists (and gradient checkpointing with them).
+    Under ZeRO-3, mixture-of-experts blocks whose ranks can run different experts become ZeRO-3 leaves before the
+    engine exists (hf_zero/zero3/moe.py; ``moe_leaves="off"`` leaves the model as it is).
     At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
@@ -128,7 +131,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
                  offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
-                 divergence_check: str = "first_steps"):
+                 divergence_check: str = "first_steps", moe_leaves: str = "auto"):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
@@ -143,6 +146,10 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if divergence_problem:
             raise ConfigError(divergence_problem)
         self.divergence_check = divergence_check
+        moe_problem = moe_leaves_problem(moe_leaves)
+        if moe_problem:
+            raise ConfigError(moe_problem)
+        self.moe_leaves = moe_leaves
         self._fetch_watch = None
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
@@ -158,6 +165,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                 "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
                 "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
                 "offload_step_in_forward": self.offload_step_in_forward, "divergence_check": self.divergence_check,
+                "moe_leaves": self.moe_leaves,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -300,6 +308,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if note:
                 self._warn(note)
             self._frozen_weights_under_zero3(model, config, args)
+            make_moe_leaves(model, config, self.moe_leaves)  # DeepSpeed reads leaf flags when it builds the engine
             self._compile_blocks_not_hooks(model, config)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
