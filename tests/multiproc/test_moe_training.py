@@ -30,12 +30,13 @@ def expected_leaves(case: str) -> list:
 
 
 def _train(tmp_path, cases, *flags, expect_fail=False):
+    launcher = "accelerate:recipes/accelerate/zero3.yaml" if "--loop" in flags else None
     return run_worker(["--out", tmp_path, "--cases", ",".join(cases), *flags], nproc=2, script=WORKER,
-                      expect_fail=expect_fail, timeout=600)
+                      launcher=launcher, expect_fail=expect_fail, timeout=600)
 
 
-def _check(tmp_path, cases):
-    proc = _train(tmp_path, cases)
+def _check(tmp_path, cases, *flags):
+    proc = _train(tmp_path, cases, *flags)
     results = [json.loads(line.split("CASE ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("CASE ")]
     assert sorted((r["case"], r["rank"]) for r in results) == sorted((c, rank) for c in cases for rank in (0, 1))
     for result in results:
@@ -65,3 +66,14 @@ def test_every_fused_architecture_on_both_paths_trains_and_reloads_bitwise(tmp_p
 def test_without_moe_leaves_ranks_that_route_differently_fail(tmp_path, case, failure):
     proc = _train(tmp_path, [case], "--moe-leaves", "off", expect_fail=True)
     assert failure in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_accelerate_loop_gets_the_same_leaves_from_prepare(tmp_path):
+    _check(tmp_path, ["modulelist"], "--loop")
+
+
+@pytest.mark.slow
+def test_an_accelerate_loop_without_moe_leaves_fails(tmp_path):
+    proc = _train(tmp_path, ["modulelist"], "--loop", "--moe-leaves", "off", expect_fail=True)
+    assert "RanksDivergedError: ZeRO-3 ranks diverged at step 0" in proc.stderr

@@ -89,7 +89,7 @@ class ListMoeForCausalLM(PreTrainedModel):
         self.head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids, labels=None, **kwargs):
+    def forward(self, input_ids, labels=None):
         hidden = self.embed(input_ids)
         for layer in self.layers:
             hidden = layer(hidden)
