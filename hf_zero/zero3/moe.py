@@ -26,6 +26,15 @@ logger = logging.getLogger("hf_zero")
 MOE_LEAVES = ("auto", "off")
 
 
+# Seen on DeepSpeed 0.19.8, 2 CPU ranks: a ModuleList MoE with frozen experts, made leaves, failed at the first
+# backward; the same with a fused DeepSeek-V3's experts frozen trained. Without the leaves such ranks diverge anyway.
+FROZEN_LEAF_WARNING = (
+    "hf_zero: %d mixture-of-experts block(s) made ZeRO-3 leaves hold frozen parameters (e.g. %s; LoRA or a frozen "
+    "base): DeepSpeed can release a leaf's frozen weights before their backward (seen: a ModuleList MoE with frozen "
+    "experts failed at the first backward with 'RuntimeError: The size of tensor a (0) must match the size of tensor "
+    "b ...'). Fix: if it fails so, train with ZeRO-2 (no partitioned parameters to gather), or train the experts.")
+
+
 def moe_leaves_problem(value) -> str | None:
     """Why ``value`` cannot be the moe_leaves option (None when it can)."""
     if value in MOE_LEAVES:
@@ -159,6 +168,9 @@ def make_moe_leaves(model, config: dict | None, mode: str = "auto") -> list:
         # once per run: the same classes on every rank, and rank 0 speaks for them
         from ..distributed import is_main_process
 
+        frozen = [b for b in made if any(not p.requires_grad for p in b.block.parameters())]
+        if frozen and is_main_process():
+            logger.warning(FROZEN_LEAF_WARNING, len(frozen), frozen[0].name)
         if is_main_process():
             logger.info("hf_zero: made %d mixture-of-experts block(s) ZeRO-3 leaves (gathered whole, so ranks that "
                         "route tokens to different experts gather the same parameters): %s", len(made),

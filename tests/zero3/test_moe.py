@@ -78,6 +78,20 @@ def test_leaf_flags_the_user_set_are_kept(caplog):
     assert "made 2 mixture-of-experts block(s) ZeRO-3 leaves" in line and line.endswith(": OlmoeSparseMoeBlock")
 
 
+def test_blocks_with_frozen_weights_made_leaves_are_warned_about(caplog):
+    model = build("modulelist")
+    with caplog.at_level(logging.INFO, logger="hf_zero"):
+        make_moe_leaves(model, ZERO3)
+    assert "frozen" not in caplog.text  # every weight trains: quiet
+    model = build("modulelist")
+    for param in model.layers[1].experts.parameters():
+        param.requires_grad_(False)
+    with caplog.at_level(logging.WARNING, logger="hf_zero"):
+        make_moe_leaves(model, ZERO3)
+    assert "1 mixture-of-experts block(s) made ZeRO-3 leaves hold frozen parameters (e.g. layers.1" in caplog.text
+    assert "Fix: if it fails so, train with ZeRO-2" in caplog.text
+
+
 def test_option_values():
     assert moe_leaves_problem("auto") is None and moe_leaves_problem("off") is None
     with pytest.raises(hf_zero.ConfigError, match="moe_leaves must be one of 'auto', 'off', got False. Fix:"):
