@@ -308,8 +308,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
             if note:
                 self._warn(note)
             self._frozen_weights_under_zero3(model, config, args)
-            make_moe_leaves(model, config, self.moe_leaves)  # DeepSpeed reads leaf flags when it builds the engine
             self._compile_blocks_not_hooks(model, config)
+            # DeepSpeed reads leaf flags when it builds the engine; after compile's block leaves, which hold the MoE ones
+            make_moe_leaves(model, config, self.moe_leaves)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
             if not any(is_zero3_param(p) for p in model.parameters()):
