@@ -62,7 +62,7 @@ def test_every_fused_architecture_on_both_paths_trains_and_reloads_bitwise(tmp_p
 @pytest.mark.parametrize("case, failure", [
     ("modulelist", "RanksDivergedError: ZeRO-3 ranks diverged at step 0"),
     ("deepseek_v3:eager", "Detected a disagreement on list length between rank0 and rank1"),
-])
+], ids=["modulelist", "deepseek_v3-eager"])
 def test_without_moe_leaves_ranks_that_route_differently_fail(tmp_path, case, failure):
     proc = _train(tmp_path, [case], "--moe-leaves", "off", expect_fail=True)
     assert failure in proc.stderr
