@@ -30,6 +30,7 @@ from .offload_threads import threads_for_offload
 from .zero3.divergence import divergence_check_problem, watch_fetch_order
 from .zero3.generation import keep_generation_in_step
 from .zero3.modalities import keep_vision_in_step, vision_in_step_problem
+from .zero3.moe import make_moe_leaves, moe_leaves_problem
 
 logger = logging.getLogger("hf_zero")
 
@@ -113,7 +114,7 @@ def _with_preset_optimizer(config: dict, optimizer):
 
 def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
             offload_step_chunk: int | None = None, divergence_check: str = "first_steps",
-            vision_in_step: str = "keep"):
+            vision_in_step: str = "keep", moe_leaves: str = "auto"):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
     model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
 
@@ -130,11 +131,14 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     to gather the same module, and stop with the modules named when they are not ("first_steps": the first optimizer
     steps; "always"; "off"), as ZeroCallback does. ``vision_in_step``: under ZeRO-3 on several ranks, ranks whose batch
     has no images run a vision-language model's vision tower on a dummy input so every rank gathers the same modules
-    ("keep", "per_step", "off"; hf_zero.zero3.modalities), as ZeroCallback does."""
+    ("keep", "per_step", "off"; hf_zero.zero3.modalities), as ZeroCallback does.
+
+    ``moe_leaves``: under ZeRO-3, mixture-of-experts blocks whose ranks can run different experts become ZeRO-3 leaves
+    before the engine is built ("auto"), as ZeroCallback does; "off" leaves the model as it is."""
     import torch
 
     problem = (step_chunk_problem(offload_step_chunk) or divergence_check_problem(divergence_check)
-               or vision_in_step_problem(vision_in_step))
+               or vision_in_step_problem(vision_in_step) or moe_leaves_problem(moe_leaves))
     if problem:
         raise ConfigError(problem)
     plugin = accelerator.state.deepspeed_plugin
@@ -154,6 +158,7 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     for i, obj in enumerate(objects):
         if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
             objects[i] = _with_preset_optimizer(config, obj)
+    make_moe_leaves(model, config, moe_leaves)  # DeepSpeed reads leaf flags when prepare builds the engine
     prepared = accelerator.prepare(model, *objects)
     engine = prepared[0] if isinstance(prepared, tuple) else prepared
     sp, tp = parallel_sizes(config, getattr(accelerator, "parallelism_config", None))

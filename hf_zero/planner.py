@@ -49,6 +49,8 @@ a run without that cast.
 
 from dataclasses import asdict, dataclass, field, replace
 
+from .zero3.moe import active_params
+
 GIB = 1024**3
 SETUPS = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme")
 # Least sharding first, offload only when nothing on the GPUs fits: the first that fits is the fastest.
@@ -110,6 +112,10 @@ class ModelShape:
     model_type: str = ""
     heads: int = 0  # attention heads (Ulysses gives each rank heads / sp of them)
     head_dim: int = 0  # width of one head: the rotary cos/sin are seq x head_dim
+    # mixture of experts: parameters one token runs through (all but the routed experts, plus top-k of them; shared
+    # experts count whole), None for a dense model; and the same for the largest layer
+    active_params: int | None = None
+    largest_layer_active: int | None = None
 
     def param_sizes(self) -> list:
         """Elements of each weight matrix in the model's order: the embedding, the decoder layers' Linears, the LM
@@ -138,22 +144,29 @@ class ModelShape:
         blocks = [block for ml in model.modules() if isinstance(ml, torch.nn.ModuleList) for block in ml]
         biggest = max(blocks, key=lambda block: sum(p.numel() for p in block.parameters()), default=None)
         largest = sum(p.numel() for p in biggest.parameters()) if biggest is not None else params
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        top_k = getattr(text, "num_experts_per_tok", None) or getattr(text, "experts_per_token", None) or 1
+        active = active_params(model, top_k)
+        layer_active = active_params(biggest, top_k) if biggest is not None and active is not None else None
         linears = {} if biggest is None else {
             name.rsplit(".", 1)[-1]: (m.in_features, m.out_features)
             for name, m in biggest.named_modules() if isinstance(m, torch.nn.Linear)}
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)
         heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", 0)
         return cls(params=params, hidden=hidden, intermediate=getattr(text, "intermediate_size", None) or 4 * hidden,
                    layers=getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0),
                    vocab=getattr(text, "vocab_size", 0), largest_layer=largest, name=name, linears=linears,
                    model_type=getattr(config, "model_type", ""), heads=heads,
-                   head_dim=getattr(text, "head_dim", None) or (hidden // heads if heads else 0))
+                   head_dim=getattr(text, "head_dim", None) or (hidden // heads if heads else 0),
+                   active_params=active, largest_layer_active=layer_active)
 
     def with_layers(self, layers: int) -> "ModelShape":
         """The same model with ``layers`` decoder layers: every layer is a copy of the largest one (a Llama-style
         stack), so the parameters change by that layer's count per layer."""
-        return replace(self, layers=layers, params=self.params + (layers - self.layers) * self.largest_layer)
+        added = layers - self.layers
+        per_layer = self.largest_layer if self.largest_layer_active is None else self.largest_layer_active
+        active = None if self.active_params is None else self.active_params + added * per_layer
+        return replace(self, layers=layers, params=self.params + added * self.largest_layer, active_params=active)
 
     def lora_targets(self, targets) -> list:
         """The Linear leaf names of a decoder layer that ``targets`` (names, or "all-linear") adapts."""

@@ -1,12 +1,14 @@
 """Whether a saved folder will reload with ``from_pretrained`` / ``PeftModel.from_pretrained`` as trained.
 
 Catches the classic ZeRO-3 failures by reading safetensors headers only: shards saved instead of weights
-(no model.safetensors), and zero-size tensors saved from partitions instead of gathered weights.
+(no model.safetensors), zero-size tensors saved from partitions instead of gathered weights, and, given the model,
+any of its tensors missing or saved with another shape (a fused MoE's experts included, one tensor per expert).
 """
 
 import json
 from pathlib import Path
 
+from ..compat.hf_api import saved_shapes
 from ..modeling import adapter_key, adapter_params, unwrap_model
 from ..zero3.partitions import full_shapes
 
@@ -65,13 +67,30 @@ def saved_model_problems(folder, model=None) -> list:
     if empty:
         problems.append(f"{folder}: {len(empty)} zero-size tensors saved (e.g. {empty[0]}): ZeRO-3 partitions were saved, not gathered weights.")
     if model is not None:
-        expected = full_shapes(model)
+        expected = expected_saved_shapes(unwrap_model(model))
+        if not set(saved) & set(expected):
+            return problems + [f"{folder}: none of the saved tensor names match the model's parameters."]
+        missing = sorted(set(expected) - set(saved))
+        if missing:
+            problems.append(f"{folder}: {len(missing)} of the model's {len(expected)} tensors are missing (e.g. "
+                            f"{missing[0]}).")
         wrong = [n for n, s in saved.items() if n in expected and expected[n] != s]
         if wrong:
-            problems.append(f"{folder}: {wrong[0]} has shape {saved[wrong[0]]}, the model has {expected[wrong[0]]}.")
-        if not set(saved) & set(expected):
-            problems.append(f"{folder}: none of the saved tensor names match the model's parameters.")
+            problems.append(f"{folder}: {wrong[0]} has shape {saved[wrong[0]]}, the model has {expected[wrong[0]]}"
+                            f"{f' ({len(wrong)} tensors differ)' if len(wrong) > 1 else ''}.")
     return problems
+
+
+def expected_saved_shapes(model) -> dict:
+    """Tensor name -> shape that ``model.save_pretrained`` writes: every parameter (full size, also for ZeRO-3
+    partitions) and persistent buffer, under the names transformers saves them (a fused experts module as one tensor
+    per expert), so every saved tensor is compared, not only those whose name matches a parameter."""
+    shapes = full_shapes(model)
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    buffers = {name: tuple(b.shape) for name, b in model.named_buffers() if name not in parameters}
+    persistent = set(model.state_dict(keep_vars=True))
+    shapes.update({name: shape for name, shape in buffers.items() if name in persistent})
+    return saved_shapes(model, shapes)
 
 
 def adapter_problems(folder, model=None, adapter_name: str = "default") -> list:

@@ -114,7 +114,8 @@ def _gpu_mem(args) -> float:
 def render(plan) -> str:
     m, r = plan.model, plan.run
     parts = ",".join(r.long_context)
-    lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
+    active = "" if m.active_params is None else f" ({m.active_params / 1e9:.2f}B active per token)"
+    lines = [f"{m.name}: {m.params / 1e9:.2f}B parameters{active} on {r.gpus_per_node} GPU(s) x {r.nodes} node(s), "
              f"{plan.gpu_capacity / GIB:.0f} GiB each; seq {r.seq}, micro batch {r.micro_batch}, {r.dtype}"
              f"{', gradient checkpointing' if r.checkpointing else ''}"
              f"{f', sequence parallel {r.sequence_parallel}' if r.sequence_parallel > 1 else ''}"

@@ -154,3 +154,19 @@ def fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | None, l
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag, lazy_mode=lazy)
+
+
+# ---- ZeRO-3 leaf modules ----------------------------------------------------------------------------------------
+# DeepSpeed keeps a module's leaf flag in the attribute ``_z3_leaf``: set_z3_leaf_modules sets it True,
+# unset_z3_leaf_modules False; z3_leaf_module() reads both as a bool, so an explicit "not a leaf" needs the attribute.
+def leaf_flag(module) -> bool | None:
+    """A module's ZeRO-3 leaf flag as the user (or DeepSpeed) set it; None where nobody set one."""
+    value = getattr(module, "_z3_leaf", None)
+    return None if value is None else bool(value)
+
+
+def set_leaf(module) -> None:
+    """Make ``module`` a ZeRO-3 leaf: the engine, built afterwards, gathers its parameters whole when it starts."""
+    from deepspeed.utils import set_z3_leaf_module
+
+    set_z3_leaf_module(module, True)

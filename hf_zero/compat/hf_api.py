@@ -65,6 +65,29 @@ def rotate_checkpoints(trainer, output_dir: str, save_total_limit: int) -> None:
         args.save_total_limit = saved
 
 
+# ---- transformers: mixture-of-experts --------------------------------------------------------------------------
+def experts_implementation(experts) -> str | None:
+    """How a fused experts module runs ("eager", "grouped_mm", "batched_mm", ...): transformers 5 keeps the choice in
+    its config's ``_experts_implementation``; None for a module without one (remote code, transformers 4.x)."""
+    return getattr(getattr(experts, "config", None), "_experts_implementation", None)
+
+
+def saved_shapes(model, shapes: dict) -> dict:
+    """Tensor name -> shape as ``model.save_pretrained`` writes a state dict of these parameter ``shapes``: transformers
+    5 reverts its load-time weight conversions when it saves (a fused experts module goes out as one tensor per
+    expert), on meta tensors here, so nothing is allocated. Releases without conversions write the names as they are."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return dict(shapes)
+    if not hasattr(model, "config"):  # not a transformers model: nothing converts its names
+        return dict(shapes)
+    import torch
+
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    return {name: tuple(t.shape) for name, t in revert_weight_conversion(model, meta).items()}
+
+
 # ---- torch ----------------------------------------------------------------------------------------------------------
 def set_allocator_settings(settings: str) -> None:
     """The caching allocator's settings at run time: torch 2.9 moved the setter to the accelerator-generic API."""

@@ -26,6 +26,7 @@ from ..sequence_parallel import (active_parallelism_config, attention_head_count
 from ..zero3.divergence import divergence_check_problem, watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
 from ..zero3.modalities import keep_vision_in_step, vision_in_step_problem
+from ..zero3.moe import make_moe_leaves, moe_leaves_problem
 from ..zero3.partitions import full_numel, is_zero3_param
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems, set_gradient_checkpointing_kwargs,
@@ -109,6 +110,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
     Under ZeRO-3 on several ranks, ranks whose batch has no images run a vision-language model's vision tower on a
     dummy input, so every rank gathers the same modules (``vision_in_step``: "keep", "per_step" or "off";
     hf_zero/zero3/modalities.py).
+    Under ZeRO-3, mixture-of-experts blocks whose ranks can run different experts become ZeRO-3 leaves before the
+    engine exists (hf_zero/zero3/moe.py; ``moe_leaves="off"`` leaves the model as it is).
     At each checkpoint: the model folder is verified to reload with ``from_pretrained`` (weights
     present, no zero-size tensors, shapes match) and keeps ``use_cache`` as the model had it.
     """
@@ -116,7 +119,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
                  offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
-                 divergence_check: str = "first_steps", vision_in_step: str = "keep"):
+                 divergence_check: str = "first_steps", vision_in_step: str = "keep", moe_leaves: str = "auto"):
         self.log_memory = log_memory
         self.force_gather_on_save = force_gather_on_save
         self.cast_adapters = cast_adapters
@@ -132,6 +135,10 @@ class ZeroCallback(TrainerCallback, ExportableState):
             raise ConfigError(divergence_problem)
         self.divergence_check = divergence_check
         self.vision_in_step = vision_in_step
+        moe_problem = moe_leaves_problem(moe_leaves)
+        if moe_problem:
+            raise ConfigError(moe_problem)
+        self.moe_leaves = moe_leaves
         self._fetch_watch = None
         self.long_context = LongContext.from_option(long_context)
         self.trainer = None
@@ -148,6 +155,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                 "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
                 "offload_step_in_forward": self.offload_step_in_forward, "divergence_check": self.divergence_check,
                 "vision_in_step": self.vision_in_step,
+                "moe_leaves": self.moe_leaves,
                 "long_context": self.long_context.as_dict() if self.long_context else None}
 
     # ---- wiring -------------------------------------------------------------------------
@@ -292,6 +300,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
                 self._warn(note)
             self._frozen_weights_under_zero3(model, config, args)
             self._compile_blocks_not_hooks(model, config)
+            # DeepSpeed reads leaf flags when it builds the engine; after compile's block leaves, which hold the MoE ones
+            make_moe_leaves(model, config, self.moe_leaves)
             # Adapters (LoRA) wrapped around a zero.Init model are not partitioned until the engine
             # partitions them; only a base built whole costs host memory.
             if not any(is_zero3_param(p) for p in model.parameters()):
