@@ -32,18 +32,21 @@ def divergence_check_problem(value) -> str | None:
 
 
 def fetching_modules(model) -> list:
-    """(index, module) for every module whose forward makes ZeRO-3 gather parameters: those holding parameters of
-    their own, and ZeRO-3 leaf modules (gathered whole); modules inside a leaf are not hooked by DeepSpeed."""
+    """(index, module) for every module below the root whose forward can make ZeRO-3 gather parameters: every module
+    with parameters in it or below it, and ZeRO-3 leaf modules (gathered whole; modules inside a leaf are not hooked
+    by DeepSpeed). Containers count too: a forward that reads a child's weight directly (Qwen2-VL's patch embedding
+    reads its convolution's dtype) makes DeepSpeed gather it before the child's own hook, and the container's check
+    comes first."""
     from deepspeed.utils import z3_leaf_module
 
     found, inside_leaf = [], set()
     for index, (_, module) in enumerate(model.named_modules()):
-        if id(module) in inside_leaf:
-            continue
+        if index == 0 or id(module) in inside_leaf:
+            continue  # the root: the start-of-forward check stands for it
         if z3_leaf_module(module):
             inside_leaf.update(id(m) for m in module.modules())
             found.append((index, module))
-        elif any(True for _ in module.parameters(recurse=False)):
+        elif any(True for _ in module.parameters()):
             found.append((index, module))
     return found
 
