@@ -1,10 +1,9 @@
 """TRL's SFTTrainer and DPOTrainer under the presets, on 2 CPU processes, launched as users launch them."""
 
-import json
-
 import pytest
 
 from conftest import REPO, assert_reload_bitwise, read_result, run_worker
+from hf_zero.config.accelerate_yaml import inline_deepspeed_config
 
 pytestmark = pytest.mark.multiproc
 TRL_WORKER = REPO / "tests" / "workers" / "train_trl.py"
@@ -31,8 +30,7 @@ def _zero3_no_persistence(tmp_path):
     from hf_zero import load_config
 
     config = load_config("zero3", overrides={"zero_optimization.stage3_param_persistence_threshold": 0})
-    (tmp_path / "ds.json").write_text(json.dumps(config))
-    yaml = (REPO / "recipes" / "accelerate" / "zero3.yaml").read_text().replace("recipes/zero3.json", str(tmp_path / "ds.json"))
+    yaml = inline_deepspeed_config((REPO / "recipes" / "accelerate" / "zero3.yaml").read_text(), config)
     (tmp_path / "accelerate.yaml").write_text(yaml)
     return tmp_path / "accelerate.yaml"
 
