@@ -3,7 +3,7 @@ Trainer fills, the Trainer's checks, and a save that reloads with ``from_pretrai
 
     accelerator = hf_zero.accelerator()          # accelerate launch --config_file recipes/accelerate/zero3.yaml
     model = AutoModelForCausalLM.from_pretrained(path)   # partitioned by zero.Init under ZeRO-3
-    optimizer = accelerate.utils.DummyOptim(model.parameters(), lr=1e-4)   # the preset's DeepSpeed AdamW
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)   # or DummyOptim(...) for DeepSpeed's AdamW
     model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader)
     ...  # the loop: accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
     hf_zero.save_pretrained(accelerator, model, "out/final", tokenizer)   # every rank calls it

@@ -90,3 +90,35 @@ def test_preset_path_and_unknown_name():
     assert json.loads(hf_zero.preset_path("zero2").read_text())["zero_optimization"]["stage"] == 2
     with pytest.raises(hf_zero.ConfigError, match="unknown preset 'zero9'.*zero1, zero2"):
         hf_zero.preset_path("zero9")
+
+
+def test_a_launched_config_is_read_as_accelerate_reads_it(tmp_path):
+    import base64
+
+    from hf_zero.config.accelerate_yaml import launched_deepspeed_config
+
+    config = hf_zero.load_config("zero2")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    assert launched_deepspeed_config(str(path)) == str(path)  # a file stays a path: messages name it
+    assert launched_deepspeed_config(json.dumps(config)) == config
+    assert launched_deepspeed_config(base64.urlsafe_b64encode(json.dumps(config).encode()).decode()) == config
+    assert launched_deepspeed_config("nowhere/zero2.json") == "nowhere/zero2.json"  # missing: load_config says so
+    with pytest.raises(hf_zero.ConfigError, match="nowhere/zero2.json"):
+        hf_zero.load_config(launched_deepspeed_config("nowhere/zero2.json"))
+
+
+def test_a_yaml_without_a_deepspeed_config_line_is_refused_with_a_fix():
+    from hf_zero.config.accelerate_yaml import inline_deepspeed_config
+
+    with pytest.raises(hf_zero.ConfigError, match="no deepspeed_config_file line.*Fix:"):
+        inline_deepspeed_config("distributed_type: MULTI_GPU\n", {"zero_optimization": {"stage": 2}})
+    written = inline_deepspeed_config("deepspeed_config:\n  deepspeed_config_file: ds.json\n", {"a": "it's"})
+    assert yaml.safe_load(written)["deepspeed_config"]["deepspeed_config_file"] == '{ "a": "it\'s" }'
+
+
+def test_preset_name_of_a_launched_config():
+    from hf_zero.config.presets import preset_name_of
+
+    assert preset_name_of(hf_zero.load_config("zero3_offload")) == "zero3_offload"
+    assert preset_name_of(hf_zero.load_config("zero3", overrides={"zero_optimization.stage": 2})) is None

@@ -256,6 +256,8 @@ def main():
             "steps_trained": steps_trained.steps,
             "learning_rates": [e["learning_rate"] for e in trainer.state.log_history if "loss" in e],
             "engine": type(engine).__name__,
+            # the torch optimizer inside DeepSpeed's ZeRO optimizer: which Adam runs the step
+            "optimizer": type(getattr(getattr(engine, "optimizer", None), "optimizer", None)).__name__,
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "partitioned_at_load": partitioned_at_load,
