@@ -3,7 +3,7 @@ Trainer fills, the Trainer's checks, and a save that reloads with ``from_pretrai
 
     accelerator = hf_zero.accelerator()          # accelerate launch --config_file recipes/accelerate/zero3.yaml
     model = AutoModelForCausalLM.from_pretrained(path)   # partitioned by zero.Init under ZeRO-3
-    optimizer = accelerate.utils.DummyOptim(model.parameters(), lr=1e-4)   # the preset's DeepSpeed AdamW
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)   # or DummyOptim(...) for DeepSpeed's AdamW
     model, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader)
     ...  # the loop: accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
     hf_zero.save_pretrained(accelerator, model, "out/final", tokenizer)   # every rank calls it
@@ -44,9 +44,13 @@ SAVE_ARRIVAL_TIMEOUT_S = 120
 def accelerator(**kwargs):
     """``accelerate.Accelerator(**kwargs)`` that DeepSpeed drives on GPU and CPU machines alike.
 
+    Its ``prepare`` also takes a DummyOptim with a config that names no optimizer (the presets): DeepSpeed's AdamW
+    with the DummyOptim's lr, weight_decay, betas and eps (see ``deepspeed_adamw_for``).
+
     On a CPU machine under ``accelerate launch`` with a DeepSpeed config (or with a ``deepspeed_plugin`` passed here,
-    under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU first (gloo), as the Trainer does with ``use_cpu=True``. Then the
-    live DeepSpeed config is checked and fixed as ZeroCallback does for the Trainer (see ``prepare``)."""
+    under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU
+    first (gloo), as the Trainer does with ``use_cpu=True``. Then the live DeepSpeed config is checked and fixed as
+    ZeroCallback does for the Trainer (see ``prepare``)."""
     from accelerate import Accelerator, PartialState
 
     # DeepSpeed from `accelerate launch`'s config, or from a plugin the script passes (e.g. under torchrun)
@@ -54,7 +58,7 @@ def accelerator(**kwargs):
         or bool(kwargs.get("deepspeed_plugins"))
     if asked and not has_gpu():
         PartialState(cpu=True)
-    made = Accelerator(**kwargs)
+    made = _accelerator_class(Accelerator)(**kwargs)
     plugin = made.state.deepspeed_plugin
     if plugin is not None:
         _fix_once(made)
@@ -87,13 +91,57 @@ def fix_loop_config(config: dict) -> list:
     return notes
 
 
+_CLASSES = {}
+
+
+def _accelerator_class(base):
+    """``base`` (accelerate.Accelerator) with a ``prepare`` that gives a DummyOptim DeepSpeed's AdamW when the config
+    has no optimizer block; made on first use so that importing hf_zero does not import accelerate."""
+    if base not in _CLASSES:
+        class ZeroAccelerator(base):
+            def prepare(self, *args, **kwargs):
+                from accelerate.utils import DummyOptim
+
+                plugin = self.state.deepspeed_plugin
+                for obj in args:
+                    if plugin is not None and isinstance(obj, DummyOptim):
+                        note = deepspeed_adamw_for(plugin.deepspeed_config, obj)
+                        if note:
+                            logger.info("hf_zero: %s", note)
+                return super().prepare(*args, **kwargs)
+
+        _CLASSES[base] = ZeroAccelerator
+    return _CLASSES[base]
+
+
+def deepspeed_adamw_for(config: dict, optimizer) -> str | None:
+    """A DummyOptim asks for the config's DeepSpeed optimizer. The presets name none (so that a torch optimizer works
+    in Accelerate's loop and the Trainer picks its own), and Accelerate refuses a DummyOptim without one: give the
+    config DeepSpeed's AdamW with the DummyOptim's values (torch's betas/eps when it names none). Returns a note, or
+    None when the config already has an optimizer block."""
+    if "optimizer" in config:
+        return None
+    extra = optimizer.kwargs
+    params = {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay,
+              "betas": list(extra.get("betas") or TRAINER_AUTO_KEYS["optimizer.params.betas"]),
+              "eps": extra.get("eps") or TRAINER_AUTO_KEYS["optimizer.params.eps"]}
+    config["optimizer"] = {"type": "AdamW", "params": params}
+    return f"DummyOptim: DeepSpeed's AdamW with {params} (the config names no optimizer)"
+
+
 def _with_preset_optimizer(config: dict, optimizer):
     """A DummyOptim (or, for a torch Adam/AdamW, one with its hyperparameters) for the config's optimizer block, with
     the "auto" betas/eps Accelerate does not fill taken from it (torch's AdamW defaults when it names none)."""
     import torch
     from accelerate.utils import DummyOptim
 
-    if "optimizer" not in config or optimizer is None:
+    if optimizer is None:
+        return optimizer
+    if "optimizer" not in config:
+        # a torch optimizer goes to DeepSpeed as it is (Accelerate swaps it for DeepSpeedCPUAdam under offload)
+        if isinstance(optimizer, DummyOptim):
+            note = deepspeed_adamw_for(config, optimizer)
+            logger.info("hf_zero: %s", note)
         return optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):

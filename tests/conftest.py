@@ -95,11 +95,12 @@ def aborted_after_finishing(proc, nproc: int) -> bool:
             and "terminate called without an active exception" in proc.stderr)
 
 
-def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900, script=WORKER):
-    """Run the worker; on an unexpected exit code fail with the workers' output, not just the code."""
+def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900, script=WORKER, cwd=REPO):
+    """Run the worker (in ``cwd``, the checkout unless given); on an unexpected exit code fail with the workers' output,
+    not just the code."""
     launcher = launcher or ("python" if nproc == 1 else "torchrun")
     cmd = launch_command(launcher, nproc, [str(a) for a in script_args], script)
-    proc = subprocess.run(cmd, cwd=REPO, env=worker_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=worker_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
     failed = proc.returncode != 0 and not aborted_after_finishing(proc, nproc)
     if failed != expect_fail:
         tail = (proc.stdout[-4000:] + "\n--- stderr ---\n" + proc.stderr[-8000:])

@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..config.accelerate_yaml import inline_deepspeed_config
 from ..config.presets import accelerate_config_path, load_config, preset_descriptions, preset_path
 
 COMPILE_HINT = "# Faster on GPUs: regional torch.compile."  # the zero2 YAML's commented-out hint, replaced
@@ -21,7 +22,8 @@ def add_parser(subparsers):
     p.add_argument("--out", help="write the resolved config (with --nvme-path filled in) to this JSON file")
     p.add_argument("--nvme-path", help="NVMe folder for zero3_nvme")
     p.add_argument("--accelerate-config", metavar="YAML",
-                   help="write an Accelerate config for this preset, with an absolute path to its JSON")
+                   help="write a copy of the preset's Accelerate config (with --nvme-path: its DeepSpeed config "
+                        "with that folder inline)")
     p.add_argument("--torch-compile", action="store_true",
                    help="with --accelerate-config: switch on Accelerate's regional torch.compile (GPUs; the first "
                         "steps compile)")
@@ -42,13 +44,13 @@ def run(args) -> int:
         for name, line in descriptions.items():
             print(f"{name:<{width}}  {line}")
         print("\nUse: --deepspeed $(hf-zero presets zero3)   or   accelerate launch --config_file "
-              "recipes/accelerate/zero3.yaml train.py")
+              "$(hf-zero presets zero3 --accelerate-config zero3.yaml) train.py")
         return 0
     path = preset_path(args.name)
     json_path = path
-    if args.out or args.nvme_path:
-        if not args.out:
-            raise ValueError("--nvme-path needs --out FILE to write the resolved config to")
+    if args.nvme_path and not (args.out or args.accelerate_config):
+        raise ValueError("--nvme-path needs --out FILE or --accelerate-config FILE to write the resolved config to")
+    if args.out:
         config = load_config(args.name, nvme_path=args.nvme_path)
         json_path = Path(args.out).resolve()
         json_path.write_text(json.dumps(config, indent=2) + "\n")
@@ -56,8 +58,9 @@ def run(args) -> int:
         raise ValueError("--torch-compile is written into an Accelerate config: add --accelerate-config FILE "
                          "(with the Trainer, pass --torch_compile to the training script instead)")
     if args.accelerate_config:
-        yaml_text = accelerate_config_path(args.name).read_text()
-        yaml_text = yaml_text.replace(f"recipes/{path.name}", str(json_path))
+        # the YAML carries the config inline, so the copy works wherever it is launched from
+        yaml_text = inline_deepspeed_config(accelerate_config_path(args.name).read_text(),
+                                            load_config(args.name, nvme_path=args.nvme_path))
         if args.torch_compile:
             yaml_text = with_regional_compile(yaml_text)
             if load_config(args.name)["zero_optimization"]["stage"] == 3:

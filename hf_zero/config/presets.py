@@ -11,11 +11,13 @@ from .json_file import read_json_object
 
 
 def _presets_dir() -> Path:
-    try:
-        return Path(str(resources.files("hf_zero.recipes")))
-    except ModuleNotFoundError:
-        # A source checkout on sys.path but not pip-installed: recipes/ sits beside the package
-        return Path(__file__).resolve().parents[2] / "recipes"
+    # A source checkout's recipes/ sits beside the package: it wins, so that a checkout on sys.path reads its own
+    # presets even where another copy of hf_zero is installed (an editable install maps hf_zero.recipes to its own)
+    beside = Path(__file__).resolve().parents[2] / "recipes"
+    # setup.cfg: a checkout, not site-packages (where another project may install a top-level "recipes" package)
+    if (beside / "__init__.py").exists() and (beside.parent / "setup.cfg").exists():
+        return beside
+    return Path(str(resources.files("hf_zero.recipes")))
 
 
 def _described() -> dict:
@@ -105,9 +107,14 @@ def _read_json(path: Path) -> dict:
 
 
 def accelerate_config_path(name: str) -> Path:
-    """Path of the Accelerate YAML that launches a preset (its JSON path is relative to the checkout)."""
+    """Path of the Accelerate YAML that launches a preset (it carries the preset's JSON inline)."""
     preset_path(name)
     return _presets_dir() / "accelerate" / f"{name}.yaml"
+
+
+def preset_name_of(config: dict) -> str | None:
+    """The shipped preset whose JSON is exactly ``config`` (what a shipped Accelerate YAML carries), or None."""
+    return next((name for name in preset_names() if _read_json(preset_path(name)) == config), None)
 
 
 def is_preset_name(value) -> bool:

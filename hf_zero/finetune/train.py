@@ -16,6 +16,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser, Trainer
 
+from ..config.presets import preset_name_of
 from ..distributed import gpu_memory_bytes, has_gpu, is_main_process, name_cpu_accelerator, shutdown
 from ..errors import HfZeroError
 from ..trainer.callback import attach
@@ -51,7 +52,9 @@ def parse(argv):
         defaults += ["--average_tokens_across_devices", "false"]
     launched_with_config = accelerate_deepspeed_file()
     if launched_with_config and not ft.preset and "deepspeed" not in given:
-        ft.preset = launched_with_config  # accelerate launch --config_file recipes/accelerate/...: its JSON rules
+        # accelerate launch --config_file recipes/accelerate/...: its DeepSpeed config rules (named for the report)
+        ft.preset = launched_with_config if isinstance(launched_with_config, str) else \
+            preset_name_of(launched_with_config) or "the Accelerate config's DeepSpeed config"
     elif "deepspeed" not in given:
         ft.preset = ft.preset or _default_preset(ft.model, ft.trust_remote_code)
         defaults += ["--deepspeed", ft.preset]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import transformers
 
+from ..config.accelerate_yaml import launched_deepspeed_config
 from ..config.live import drop_gpu_only_settings
 from ..config.presets import load_config
 from ..config.validate import check_config
@@ -16,9 +17,11 @@ from ..errors import ConfigError
 
 
 def accelerate_deepspeed_file():
-    """The DeepSpeed JSON an ``accelerate launch --config_file recipes/accelerate/...`` run uses."""
+    """The DeepSpeed config an ``accelerate launch --config_file recipes/accelerate/...`` run uses: the path its YAML
+    names, or the dict of the JSON text it holds (the shipped YAMLs carry their preset inline)."""
     if accelerate_launched_deepspeed():
-        return os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None
+        value = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        return launched_deepspeed_config(value) if value else None
     return None
 
 

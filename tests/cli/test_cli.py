@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from hf_zero.cli import main
+from hf_zero.config import preset_path
+from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
 
 
 def test_presets_lists_each_preset_with_a_line(capsys):
@@ -29,7 +31,10 @@ def test_presets_writes_nvme_config_and_accelerate_yaml(tmp_path, capsys):
     assert main(["presets", "zero3_nvme", "--nvme-path", str(tmp_path), "--out", str(out),
                  "--accelerate-config", str(yaml_out)]) == 0
     assert json.loads(out.read_text())["zero_optimization"]["offload_param"]["nvme_path"] == str(tmp_path)
-    assert f"deepspeed_config_file: {out}" in yaml_out.read_text()
+    # the copy carries the resolved config inline, as the shipped YAML carries the preset
+    assert yaml_deepspeed_config(yaml_out) == json.loads(out.read_text())
+    assert main(["presets", "zero3_nvme", "--nvme-path", str(tmp_path)]) == 2  # nowhere to write it
+    assert "--nvme-path needs --out FILE or --accelerate-config FILE" in capsys.readouterr().err
 
 
 def test_presets_torch_compile_writes_accelerates_dynamo_config(tmp_path, capsys):
@@ -41,7 +46,7 @@ def test_presets_torch_compile_writes_accelerates_dynamo_config(tmp_path, capsys
     assert load_config_from_file(str(plain)).dynamo_config == {}  # quiet: the shipped preset compiles nothing
     config = load_config_from_file(str(compiled))  # Accelerate's own reader
     assert config.dynamo_config == {"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True}
-    assert config.deepspeed_config["deepspeed_config_file"].endswith("zero2.json")
+    assert json.loads(config.deepspeed_config["deepspeed_config_file"]) == json.loads(open(preset_path("zero2")).read())
     assert "note:" not in capsys.readouterr().err
     assert main(["presets", "zero3", "--accelerate-config", str(compiled), "--torch-compile"]) == 0
     assert "ZeroCallback" in capsys.readouterr().err  # ZeRO-3: compile through the Trainer and the callback

@@ -11,6 +11,7 @@ from transformers import LlamaConfig
 
 import hf_zero
 from hf_zero.config import validate_config
+from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
 from hf_zero.engine_checks import layout_problems
 from hf_zero.sequence_parallel import (SequenceParallelBatches, attention_problems, gloo_subgroup_problems,
                                        replica_problems, sequence_parallel_problems)
@@ -142,7 +143,7 @@ def test_sp_accelerate_yaml_is_the_zero3_preset_with_ulysses(capsys):
     path = Path(__file__).resolve().parents[2] / "recipes" / "accelerate" / "zero3_sp.yaml"
     config = yaml.safe_load(path.read_text())
     assert config["distributed_type"] == "DEEPSPEED"
-    assert config["deepspeed_config"] == {"deepspeed_config_file": "recipes/zero3.json", "zero3_init_flag": True}
+    assert yaml_deepspeed_config(path) == hf_zero.load_config("zero3") and config["deepspeed_config"]["zero3_init_flag"]
     block = config["parallelism_config"]
     assert block["parallelism_config_sp_backend"] == "deepspeed" and block["parallelism_config_sp_size"] == 2
     assert block["parallelism_config_sp_attn_implementation"] == "sdpa"

@@ -127,6 +127,7 @@ def test_chat_data(tiny_models, tmp_path):
               "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:recipes/accelerate/zero2.yaml")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["zero_stage"] == 2 and summary["world_size"] == 2
+    assert summary["preset"] == "zero2"  # the config the YAML carries inline, named
     assert summary["after_in_run"]["loss"] < summary["before"]["loss"]
 
 

@@ -20,7 +20,8 @@ def test_zero3_loop_trains_partitioned_and_saves_a_model_that_reloads_bitwise(ti
     _run(tiny_models, out, "zero3")
     result = read_result(out)
     assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
-    assert result["betas"] == [0.9, 0.999] and result["eps"] == 1e-8  # what the Trainer would have filled
+    # the preset names no optimizer: the DummyOptim got DeepSpeed's AdamW, with torch's betas/eps as it names none
+    assert result["optimizer"] == "FusedAdam" and result["betas"] == [0.9, 0.999] and result["eps"] == 1e-8
     assert result["losses"][-1] < result["losses"][0]
     assert_reload_bitwise(out)
 
@@ -30,7 +31,7 @@ def test_zero2_loop_with_a_torch_adamw_keeps_its_hyperparameters(tiny_models, tm
     out = tmp_path / "loop"
     _run(tiny_models, out, "zero2", "--optimizer", "torch")
     result = read_result(out)
-    assert result["betas"] == [0.9, 0.95] and result["eps"] == 1e-6
+    assert result["optimizer"] == "AdamW" and result["betas"] == [0.9, 0.95] and result["eps"] == 1e-6
     assert result["dp_world_size"] == 2 and result["losses"][-1] < result["losses"][0]
     assert_reload_bitwise(out)
 
@@ -110,3 +111,19 @@ def test_long_context_in_a_loop_trains_as_without_it(tiny_models, tmp_path):
     assert long["losses"] == pytest.approx(plain["losses"], rel=1e-5)
     assert long["losses"][-1] < long["losses"][0]
     assert_reload_bitwise(out)
+
+
+def test_a_dummy_optim_gets_deepspeeds_adamw_only_where_the_config_names_none():
+    from accelerate.utils import DummyOptim
+
+    from hf_zero.accelerate_loop import deepspeed_adamw_for
+
+    params = list(torch.nn.Linear(2, 2).parameters())
+    config = {"zero_optimization": {"stage": 2}}
+    note = deepspeed_adamw_for(config, DummyOptim(params, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)))
+    assert "DeepSpeed's AdamW" in note
+    assert config["optimizer"] == {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1,
+                                                                       "betas": [0.9, 0.95], "eps": 1e-8}}
+    own = {"optimizer": {"type": "Lamb", "params": {"lr": "auto"}}}
+    assert deepspeed_adamw_for(own, DummyOptim(params, lr=1e-3)) is None  # a config's own optimizer stays
+    assert own == {"optimizer": {"type": "Lamb", "params": {"lr": "auto"}}}

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from conftest import REPO, WORKER, assert_reload_bitwise, assert_trained, launcher_script, read_result, worker_env
+import hf_zero
+from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
 from hf_zero.distributed import free_port
 
 pytestmark = pytest.mark.multiproc
@@ -71,7 +73,7 @@ def test_two_nodes_train_save_and_reload_zero3(tiny_models, trained, tmp_path, l
 def test_multinode_yaml_is_the_zero3_preset_on_two_machines():
     config = yaml.safe_load(MULTINODE_YAML.read_text())
     assert config["distributed_type"] == "DEEPSPEED" and config["num_machines"] == 2
-    assert config["deepspeed_config"]["deepspeed_config_file"] == "recipes/zero3.json"
+    assert yaml_deepspeed_config(MULTINODE_YAML) == hf_zero.load_config("zero3")
     assert config["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
     assert config["deepspeed_config"]["zero3_init_flag"] is True
     # a placeholder, not an address: a forgotten --main_process_ip fails instead of waiting on localhost

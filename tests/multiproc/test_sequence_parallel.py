@@ -57,7 +57,10 @@ def test_sp2_trains_as_one_process(tiny_models, one_process, tmp_path):
 
 @pytest.mark.slow
 def test_zero3_sp_accelerate_yaml_trains_as_one_process(tiny_models, one_process, tmp_path):
-    # no parallelism_config in the script: the YAML's parallelism_config block turns SP on
+    # no parallelism_config in the script: the YAML's parallelism_config block turns SP on. Launched from a
+    # directory without recipes/: the YAML carries its DeepSpeed config inline
+    (tmp_path / "run").mkdir()
     run_worker(["--model", tiny_models["llama"], "--out", tmp_path, "--sp", "0", "--deepspeed", "none"], nproc=2,
-               launcher="accelerate:recipes/accelerate/zero3_sp.yaml", script=SP_WORKER, timeout=600)
+               launcher=f"accelerate:{REPO / 'recipes' / 'accelerate' / 'zero3_sp.yaml'}", script=SP_WORKER,
+               timeout=600, cwd=tmp_path / "run")
     assert_same_training(tmp_path, one_process)

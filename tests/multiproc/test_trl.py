@@ -4,7 +4,11 @@ import json
 
 import pytest
 
-from conftest import REPO, assert_reload_bitwise, read_result, run_worker
+from conftest import REPO, assert_reload_bitwise, launcher_script, read_result, run_worker, worker_env
+from hf_zero import load_config
+from hf_zero.config.live import LEAF_THRESHOLD
+from hf_zero.distributed import free_port
+from hf_zero.config.accelerate_yaml import inline_deepspeed_config
 
 pytestmark = pytest.mark.multiproc
 TRL_WORKER = REPO / "tests" / "workers" / "train_trl.py"
@@ -31,8 +35,7 @@ def _zero3_no_persistence(tmp_path):
     from hf_zero import load_config
 
     config = load_config("zero3", overrides={"zero_optimization.stage3_param_persistence_threshold": 0})
-    (tmp_path / "ds.json").write_text(json.dumps(config))
-    yaml = (REPO / "recipes" / "accelerate" / "zero3.yaml").read_text().replace("recipes/zero3.json", str(tmp_path / "ds.json"))
+    yaml = inline_deepspeed_config((REPO / "recipes" / "accelerate" / "zero3.yaml").read_text(), config)
     (tmp_path / "accelerate.yaml").write_text(yaml)
     return tmp_path / "accelerate.yaml"
 
@@ -115,3 +118,39 @@ def test_sft_with_long_context_trains_as_without_it(tiny_models, tmp_path):
     assert long["losses"] == pytest.approx(plain["losses"], rel=1e-5)
     assert _fell(long["losses"])
     assert_reload_bitwise(out)
+
+
+@pytest.mark.slow  # about 30 s on 2 cores
+def test_trls_own_sft_script_on_one_process_with_the_zero3_yaml_from_another_directory(tiny_models, tmp_path):
+    """TRL's sft script, unmodified, as the TRL page launches it on one GPU: ``accelerate launch --num_processes 1
+    --config_file <zero3.yaml> -m trl.scripts.sft``. Under the launcher Accelerate's state is DEEPSPEED, so TRL loads
+    the model without a device_map and zero.Init partitions it. No hf_zero code runs in the script, so on CPU the
+    YAML is the zero3 one with the GPU-only leaf-module threshold at 0 (as `hf-zero check --fix` writes it; on CPU
+    DeepSpeed's leaf path crashes in record_stream), launched from a directory without recipes/."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    data = tmp_path / "chats"
+    data.mkdir()
+    rows = [{"messages": [{"role": "user", "content": "what is two plus two"}, {"role": "assistant", "content": "it is four"}]}
+            for _ in range(8)]
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out, yaml = tmp_path / "sft", tmp_path / "zero3_cpu.yaml"
+    config = load_config("zero3", overrides={f"zero_optimization.{LEAF_THRESHOLD}": 0})
+    yaml.write_text(inline_deepspeed_config((REPO / "recipes" / "accelerate" / "zero3.yaml").read_text(), config))
+    cmd = [launcher_script("accelerate"), "launch", "--num_processes", "1", "--main_process_port", str(free_port()),
+           "--config_file", str(yaml), "-m", "trl.scripts.sft",
+           "--model_name_or_path", str(tiny_models["llama_tok"]), "--dataset_name", str(data), "--output_dir", str(out),
+           "--max_steps", "3", "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--use_cpu",
+           "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1", "--bf16", "false"]
+    proc = subprocess.run(cmd, cwd=data, env=worker_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "DeepSpeed Zero-3 is not compatible with passing a device_map" not in proc.stderr
+    saved = load_file(str(out / "model.safetensors"))  # gathered 16-bit weights: the preset gathers on save
+    start = load_file(str(tiny_models["llama_tok"] / "model.safetensors"))
+    assert set(saved) == set(start) and all(t.numel() > 0 for t in saved.values())
+    assert [name for name in start if not torch.equal(start[name], saved[name])], "no weight moved in training"
+    AutoModelForCausalLM.from_pretrained(str(out))  # reloads

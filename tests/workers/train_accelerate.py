@@ -84,10 +84,11 @@ def main():
         from safetensors.torch import save_file
 
         save_file(expected, str(out / "expected.safetensors"))
-        config = accelerator.state.deepspeed_plugin.deepspeed_config
+        basic = model.optimizer.optimizer  # the torch optimizer inside DeepSpeed's ZeRO optimizer
         result = {"losses": losses, "engine": type(model).__name__, "dp_world_size": model.dp_world_size,
-                  "partitioned_at_load": partitioned_at_load, "betas": config["optimizer"]["params"]["betas"],
-                  "eps": config["optimizer"]["params"]["eps"], "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                  "partitioned_at_load": partitioned_at_load, "optimizer": type(basic).__name__,
+                  "betas": list(basic.param_groups[0]["betas"]), "eps": basic.param_groups[0]["eps"],
+                  "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                   "long_context": str(hf_zero.long_context.long_context_of(model)),
                   "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing,
                   "step_in_forward": held is not None, "step_held_at_end": step_held_at_end,

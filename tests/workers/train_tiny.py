@@ -259,6 +259,8 @@ def main():
             "zero_stage": engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None,
             "reduce_bucket_size": getattr(getattr(getattr(engine, "_config", None), "zero_config", None),
                                           "reduce_bucket_size", None),
+            # the torch optimizer inside DeepSpeed's ZeRO optimizer: which Adam runs the step
+            "optimizer": type(getattr(getattr(engine, "optimizer", None), "optimizer", None)).__name__,
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "partitioned_at_load": partitioned_at_load,
