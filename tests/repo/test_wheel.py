@@ -1,5 +1,6 @@
 """What a pip-installed hf_zero holds: every module and preset, and no benchmark data."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,18 @@ def test_wheel_carries_every_module_and_preset_and_no_results(tmp_path):
     """A user who pip-installs hf_zero without the repo still gets every subpackage and recipes/."""
     from hf_zero.config.presets import preset_descriptions
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT],
+    # from a copy of what the package is built from: setuptools reuses a checkout's build/ folder, whose stale
+    # modules (a package since moved out) would otherwise reach the wheel
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("hf_zero", "recipes"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, source],
                    check=True, capture_output=True)
-    [wheel] = tmp_path.glob("hf_zero-*.whl")
+    [wheel] = out.glob("hf_zero-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in preset_descriptions():
         assert f"hf_zero/recipes/{name}.json" in names
