@@ -12,7 +12,6 @@ Trainer fills, the Trainer's checks, and a save that reloads with ``from_pretrai
 import logging
 import shutil
 import weakref
-from datetime import timedelta
 from pathlib import Path
 
 from .checkpoints.export import replace_folder
@@ -21,8 +20,8 @@ from .config.dotted import zero_stage
 from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
 from .config.validate import check_config
-from .distributed import (accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, wait_for_every_rank,
-                          world_size)
+from .distributed import (accelerate_launched_deepspeed, from_rank0, has_gpu, host_group, is_distributed,
+                          wait_for_every_rank, world_size)
 from .engine_checks import engine_problems, parallel_sizes, training_alone
 from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
 from .errors import CheckpointError, ConfigError, RanksDivergedError
@@ -63,10 +62,8 @@ def accelerator(**kwargs):
     if plugin is not None:
         _fix_once(made)
         if is_distributed():
-            import torch.distributed as dist
-
             # gloo for this handshake even on GPUs: NCCL has no monitored barrier
-            _SAVE_GROUPS[made] = dist.new_group(backend="gloo", timeout=timedelta(seconds=SAVE_ARRIVAL_TIMEOUT_S))
+            _SAVE_GROUPS[made] = host_group(SAVE_ARRIVAL_TIMEOUT_S)
     return made
 
 

@@ -153,6 +153,17 @@ def simulated_ranks() -> bool:
     return dist.get_backend() == "fake"
 
 
+def host_group(timeout_s: float):
+    """A gloo group over every rank whose collectives give up after ``timeout_s``: for hf_zero's own host-side
+    exchanges and waits, which read no GPU tensor, add no GPU synchronization and work beside NCCL (which has no
+    monitored barrier). Its creation is a collective of every rank."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
 def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> None:
     """A barrier that gives up after ``timeout_s`` and names the ranks that did not arrive (torch's monitored
     barrier, on a gloo group: NCCL has none). ``group``: a gloo group made earlier; by default the world's group
@@ -169,7 +180,7 @@ def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> No
     limit = timedelta(seconds=timeout_s)
     try:
         if group is None and dist.get_backend() != "gloo":
-            group = dist.new_group(backend="gloo", timeout=limit)
+            group = host_group(timeout_s)
         dist.monitored_barrier(group=group, timeout=limit, wait_all_ranks=True)
     except RuntimeError as e:
         raise RanksDivergedError(f"{what} waits for every rank, but not all of them arrived within {timeout_s:g} s "

@@ -606,7 +606,7 @@ def run_of_config(run: RunShape, config: dict) -> RunShape:
     preset values where a value is "auto"): the reduce bucket, overlap_comm, stage3_max_live_parameters, ZeRO-3's
     placement (offload_optimizer.ratio, offload_param, sub_group_size) and the accumulation dtype of an offloaded
     optimizer. Planned this way, the shipped presets give the figures the planner gives their names."""
-    from .config.dotted import get_dotted, number_at
+    from .config.dotted import accumulates_in_fp32, get_dotted, number_at
 
     zero = lambda key, default: int(number_at(config, f"zero_optimization.{key}", default))
     overlap = get_dotted(config, "zero_optimization.overlap_comm")
@@ -615,7 +615,7 @@ def run_of_config(run: RunShape, config: dict) -> RunShape:
                    # DeepSpeed 0.19.8 turns overlap_comm on by default for stage 3 only, where the planner does not
                    # count it; unset on ZeRO-1/2 it is off
                    overlap_comm=bool(overlap) if isinstance(overlap, bool) else False,
-                   fp32_accumulation=get_dotted(config, "data_types.grad_accum_dtype") == "fp32")
+                   fp32_accumulation=accumulates_in_fp32(config))
 
 
 def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | None:

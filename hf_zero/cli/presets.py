@@ -46,12 +46,11 @@ def run(args) -> int:
         print("\nUse: --deepspeed $(hf-zero presets zero3)   or   accelerate launch --config_file "
               "$(hf-zero presets zero3 --accelerate-config zero3.yaml) train.py")
         return 0
-    path = preset_path(args.name)
-    json_path = path
+    json_path = preset_path(args.name)
     if args.nvme_path and not (args.out or args.accelerate_config):
         raise ValueError("--nvme-path needs --out FILE or --accelerate-config FILE to write the resolved config to")
+    config = load_config(args.name, nvme_path=args.nvme_path) if args.out or args.accelerate_config else None
     if args.out:
-        config = load_config(args.name, nvme_path=args.nvme_path)
         json_path = Path(args.out).resolve()
         json_path.write_text(json.dumps(config, indent=2) + "\n")
     if args.torch_compile and not args.accelerate_config:
@@ -59,11 +58,10 @@ def run(args) -> int:
                          "(with the Trainer, pass --torch_compile to the training script instead)")
     if args.accelerate_config:
         # the YAML carries the config inline, so the copy works wherever it is launched from
-        yaml_text = inline_deepspeed_config(accelerate_config_path(args.name).read_text(),
-                                            load_config(args.name, nvme_path=args.nvme_path))
+        yaml_text = inline_deepspeed_config(accelerate_config_path(args.name).read_text(), config)
         if args.torch_compile:
             yaml_text = with_regional_compile(yaml_text)
-            if load_config(args.name)["zero_optimization"]["stage"] == 3:
+            if config["zero_optimization"]["stage"] == 3:
                 print(ZERO3_COMPILE_NOTE, file=sys.stderr)
         Path(args.accelerate_config).write_text(yaml_text)
         print(Path(args.accelerate_config).resolve())

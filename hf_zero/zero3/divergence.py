@@ -11,7 +11,7 @@ others is caught where it stops. Its cost is one small host-side all_gather per 
 forward; ZeroCallback and hf_zero.prepare keep it for the first steps of a run by default.
 """
 
-from ..distributed import is_distributed, simulated_ranks
+from ..distributed import host_group, is_distributed, simulated_ranks
 from ..errors import RanksDivergedError
 
 # Optimizer steps watched by default: the first steps are where a data or code path that differs between ranks
@@ -140,10 +140,12 @@ def zero3_on_several_ranks(engine) -> bool:
     return getattr(engine, "zero_optimization_stage", lambda: 0)() == 3
 
 
-def _flag(engine, name: str) -> bool:
-    """An engine flag that DeepSpeed spells as a method or as a property, depending on the flag."""
-    value = getattr(engine, name, False)
-    return bool(value() if callable(value) else value)
+def compiled_whole(engine) -> bool:
+    """Whether the engine's forward is compiled whole (DeepCompile, engine.compile()): ZeRO-3's own hooks are off
+    there, and a host collective in a module hook would break the graph. DeepSpeed spells one flag as a method and
+    the other as a property."""
+    flags = (getattr(engine, name, False) for name in ("is_deepcompile_enabled", "is_compiled"))
+    return any(flag() if callable(flag) else flag for flag in flags)
 
 
 def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | None:
@@ -153,12 +155,9 @@ def watch_fetch_order(engine, mode: str = "first_steps") -> FetchOrderWatch | No
     break the graph."""
     if mode == "off" or not zero3_on_several_ranks(engine):
         return None
-    if any(_flag(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
+    if compiled_whole(engine):
         return None
-    from datetime import timedelta
-
     import torch.distributed as dist
 
     # gloo on the host, even beside NCCL: the check reads no GPU tensor and adds no GPU synchronization
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=WAIT_S))
-    return FetchOrderWatch(engine, group, dist.get_world_size(), None if mode == "always" else FIRST_STEPS)
+    return FetchOrderWatch(engine, host_group(WAIT_S), dist.get_world_size(), None if mode == "always" else FIRST_STEPS)

@@ -20,7 +20,8 @@ import inspect
 import logging
 
 from ..errors import RanksDivergedError
-from .divergence import WAIT_S, zero3_on_several_ranks
+from ..distributed import host_group
+from .divergence import WAIT_S, compiled_whole, zero3_on_several_ranks
 
 logger = logging.getLogger("hf_zero")
 
@@ -181,12 +182,6 @@ class VisionInStep:
         return output + exact_zero_from(features).to(output.dtype)
 
 
-def _compiled(engine, name: str) -> bool:
-    """An engine flag that DeepSpeed spells as a method or as a property, depending on the flag."""
-    value = getattr(engine, name, False)
-    return bool(value() if callable(value) else value)
-
-
 def _exchange_over(group):
     def exchange(count: int) -> tuple[int, int]:
         import torch
@@ -204,18 +199,14 @@ def keep_vision_in_step(engine, mode: str = "keep") -> VisionInStep | None:
     compiled whole (a host collective in a hook would break the graph), or where one is on already."""
     if mode == "off" or not zero3_on_several_ranks(engine):
         return None
-    if any(_compiled(engine, name) for name in ("is_deepcompile_enabled", "is_compiled")):
+    if compiled_whole(engine):
         return None
     model = engine.module
     vlm = vision_language_model(model)
     if vlm is None or getattr(model, "_hf_zero_vision_in_step", None) is not None:
         return None
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     # gloo on the host, even beside NCCL: the count needs no GPU tensor and no GPU synchronization
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=WAIT_S))
+    group = host_group(WAIT_S)
     step = VisionInStep(model, vlm, _exchange_over(group), keep=mode == "keep")
     model._hf_zero_vision_in_step = step  # a second train() (or prepare) on the same model keeps this one
     return step

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..compat.deepspeed_api import leaf_flag
 from ..compat.hf_api import experts_implementation
+from .partitions import full_numel, full_shape
 
 logger = logging.getLogger("hf_zero")
 
@@ -43,14 +44,6 @@ def moe_leaves_problem(value) -> str | None:
             "(mixture-of-experts blocks whose ranks can run different experts become ZeRO-3 leaves) or 'off'.")
 
 
-def _shape(param) -> tuple:
-    return tuple(getattr(param, "ds_shape", param.shape))  # a zero.Init partition's local shape is empty
-
-
-def _numel(param) -> int:
-    return int(getattr(param, "ds_numel", param.numel()))
-
-
 def _fused_experts(module) -> int:
     """The number of experts a fused experts module holds (the first dimension of every weight it owns; its children,
     an activation, hold none), 0 if it is none."""
@@ -60,7 +53,7 @@ def _fused_experts(module) -> int:
     # its own weights only: a whole MoE block (router + experts) can have experts-first shapes too
     if isinstance(module, torch.nn.ModuleList) or len(own) != len(list(module.parameters())):
         return 0
-    shapes = [_shape(p) for p in own]
+    shapes = [full_shape(p) for p in own]
     if not any(len(s) == 3 for s in shapes):
         return 0
     firsts = {s[0] for s in shapes}
@@ -73,7 +66,7 @@ def _listed_experts(module) -> int:
 
     if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
         return 0
-    signatures = {(type(m), tuple(_shape(p) for p in m.parameters())) for m in module}
+    signatures = {(type(m), tuple(full_shape(p) for p in m.parameters())) for m in module}
     if len(signatures) != 1 or not next(iter(signatures))[1]:
         return 0
     return len(module)
@@ -88,7 +81,7 @@ def _has_router(block, experts_name: str, count: int, widths: set) -> bool:
     own = [p for p in block.parameters(recurse=False)]
     siblings = [p for name, child in block.named_children() if name != experts_name
                 for m in child.modules() if not isinstance(m, torch.nn.Embedding) for p in m.parameters(recurse=False)]
-    return any(len(s) == 2 and s[0] == count and s[1] in widths for s in map(_shape, own + siblings))
+    return any(len(s) == 2 and s[0] == count and s[1] in widths for s in map(full_shape, own + siblings))
 
 
 @dataclass
@@ -102,7 +95,7 @@ class MoeBlock:
 
     @property
     def routed_params(self) -> int:
-        return sum(_numel(p) for p in self.experts.parameters())
+        return sum(full_numel(p) for p in self.experts.parameters())
 
     @property
     def routes_per_rank(self) -> bool:
@@ -124,7 +117,7 @@ def moe_blocks(model) -> list:
             count = count or _listed_experts(child)
             if not count:
                 continue
-            widths = {d for p in child.parameters() for d in _shape(p)}
+            widths = {d for p in child.parameters() for d in full_shape(p)}
             if _has_router(block, child_name, count, widths):
                 found.append(MoeBlock(name, block, child, count, fused))
                 break
@@ -184,7 +177,7 @@ def active_params(model, top_k: int) -> int | None:
     blocks = moe_blocks(model)
     if not blocks:
         return None
-    total = sum(_numel(p) for p in model.parameters())
+    total = sum(full_numel(p) for p in model.parameters())
     routed = sum(b.routed_params for b in blocks)
     active = sum(b.routed_params * min(top_k, b.count) // b.count for b in blocks)
     return total - routed + active

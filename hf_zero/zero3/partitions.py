@@ -17,6 +17,11 @@ def full_numel(param) -> int:
     return getattr(param, "ds_numel", param.numel())
 
 
+def full_shape(param) -> tuple:
+    """Shape of the whole parameter (a ZeRO-3 partition's local shape is empty)."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
 def full_shapes(model) -> dict:
-    """Parameter name -> full shape, also for ZeRO-3 partitions (whose local shape is empty)."""
-    return {name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters()}
+    """Parameter name -> full shape, also for ZeRO-3 partitions."""
+    return {name: full_shape(p) for name, p in model.named_parameters()}
