@@ -15,32 +15,24 @@ import weakref
 from pathlib import Path
 
 from .checkpoints.export import replace_folder
-from .checkpoints.saved_models import saved_model_problems
-from .config.dotted import zero_stage
+from .checks import CHECKS, RunContext, check_options, raise_errors, run_moment
 from .config.findings import TRAINER_AUTO_KEYS
-from .config.live import drop_gpu_only_settings, fill_adam_hyperparameters, gather_weights_on_save
-from .config.validate import check_config
-from .distributed import (accelerate_launched_deepspeed, from_rank0, has_gpu, host_group, is_distributed,
-                          wait_for_every_rank, world_size)
-from .engine_checks import engine_problems, parallel_sizes, training_alone
-from .engine_fixes import finish_offload_step, offload_fixes_applied, step_chunk_problem
+from .config.live import fill_adam_hyperparameters
+from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, host_group, is_distributed, wait_for_every_rank
+from .engine_fixes import finish_offload_step
 from .errors import CheckpointError, ConfigError, RanksDivergedError
-from .offload_threads import threads_for_offload
-from .zero3.divergence import divergence_check_problem, watch_fetch_order
-from .zero3.generation import keep_generation_in_step
-from .zero3.modalities import keep_vision_in_step, vision_in_step_problem
-from .zero3.moe import make_moe_leaves, moe_leaves_problem
+from .offload_threads import AUTO
 
 logger = logging.getLogger("hf_zero")
 
-# Accelerators whose live config fix_loop_config has fixed and checked (hf_zero.accelerator() or prepare())
-_FIXED = weakref.WeakSet()
+# Accelerator -> the RunContext hf_zero.checks reads and records for its run (run.ran: every check, per moment)
+_RUNS = weakref.WeakKeyDictionary()
 # Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
 _SAVE_GROUPS = weakref.WeakKeyDictionary()
 SAVE_ARRIVAL_TIMEOUT_S = 120
 
 
-def accelerator(**kwargs):
+def accelerator(*, skip_checks=(), **kwargs):
     """``accelerate.Accelerator(**kwargs)`` that DeepSpeed drives on GPU and CPU machines alike.
 
     Its ``prepare`` also takes a DummyOptim with a config that names no optimizer (the presets): DeepSpeed's AdamW
@@ -48,10 +40,11 @@ def accelerator(**kwargs):
 
     On a CPU machine under ``accelerate launch`` with a DeepSpeed config (or with a ``deepspeed_plugin`` passed here,
     under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU
-    first (gloo), as the Trainer does with ``use_cpu=True``. Then the live DeepSpeed config is checked and fixed as
-    ZeroCallback does for the Trainer (see ``prepare``)."""
+    first (gloo), as the Trainer does with ``use_cpu=True``. Then hf_zero.checks' config checks run on the live
+    DeepSpeed config, as ZeroCallback runs them for the Trainer (``skip_checks``: ids to leave out; docs/checks.md)."""
     from accelerate import Accelerator, PartialState
 
+    check_options(skip_checks=skip_checks)
     # DeepSpeed from `accelerate launch`'s config, or from a plugin the script passes (e.g. under torchrun)
     asked = accelerate_launched_deepspeed() or kwargs.get("deepspeed_plugin") is not None \
         or bool(kwargs.get("deepspeed_plugins"))
@@ -60,32 +53,26 @@ def accelerator(**kwargs):
     made = _accelerator_class(Accelerator)(**kwargs)
     plugin = made.state.deepspeed_plugin
     if plugin is not None:
-        _fix_once(made)
+        run_of(made, skip_checks)
         if is_distributed():
             # gloo for this handshake even on GPUs: NCCL has no monitored barrier
             _SAVE_GROUPS[made] = host_group(SAVE_ARRIVAL_TIMEOUT_S)
     return made
 
 
-def _fix_once(accelerator) -> None:
-    if accelerator in _FIXED:
-        return
-    for note in fix_loop_config(accelerator.state.deepspeed_plugin.deepspeed_config):
-        logger.warning("hf_zero: %s", note)
-    _FIXED.add(accelerator)
+def run_of(accelerator, skip_checks=()) -> RunContext:
+    """The run an Accelerator with a DeepSpeed plugin drives, as hf_zero.checks sees it; the config checks run (and
+    fix the live config) the first time it is asked for."""
+    from accelerate.utils import DynamoBackend
 
-
-def fix_loop_config(config: dict) -> list:
-    """The fixes ZeroCallback makes for the Trainer, on an Accelerate loop's live config; returns notes."""
-    notes = []
-    if not has_gpu():
-        notes += drop_gpu_only_settings(config)
-    note = gather_weights_on_save(config)
-    if note:
-        notes.append(note)
-    # "auto" keys Accelerate fills are the Trainer's too; what it leaves is said when prepare fills it
-    check_config(config, on_cpu=not has_gpu(), world_size=world_size())
-    return notes
+    run = _RUNS.get(accelerator)
+    if run is None:
+        run = RunContext("accelerate", accelerator.state.deepspeed_plugin.deepspeed_config,
+                         skip=frozenset(skip_checks), accelerator=accelerator,
+                         compiled=accelerator.state.dynamo_plugin.backend != DynamoBackend.NO)
+        raise_errors(run_moment(CHECKS, "config", run))
+        _RUNS[accelerator] = run
+    return run
 
 
 _CLASSES = {}
@@ -157,68 +144,48 @@ def _with_preset_optimizer(config: dict, optimizer):
     return optimizer
 
 
-def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
-            offload_step_chunk: int | None = None, divergence_check: str = "first_steps",
-            vision_in_step: str = "keep", moe_leaves: str = "auto"):
-    """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, then the Trainer's checks: DeepSpeed drives the
-    model, every launched rank trains in it, ZeRO-3 partitioned it. Returns what ``accelerator.prepare`` returns.
+def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False, offload_step_chunk: int | None = None,
+            divergence_check: str = "first_steps", vision_in_step: str = "keep", moe_leaves: str = "auto",
+            cast_adapters: bool = True, offload_threads=AUTO, overlap_offload_copies: bool = True, skip_checks=()):
+    """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, with hf_zero.checks' list around it: the list
+    ZeroCallback runs for the Trainer (docs/checks.md). The model checks run before the engine is built (world size,
+    parallel layout, host memory, LoRA and checkpointing under ZeRO-3, ...), the engine checks after it (DeepSpeed
+    drives the model, every launched rank trains in it, ZeRO-3 partitioned it; the ZeRO-3 guards); errors of one
+    moment are raised together (ConfigError). Returns what ``accelerator.prepare`` returns.
 
     The optimizer among ``objects`` may be a DummyOptim (its betas/eps kwargs fill the config's "auto" ones, torch's
     defaults otherwise) or a torch Adam/AdamW, whose hyperparameters then configure the preset's DeepSpeed AdamW.
 
+    The options are ZeroCallback's, with the same meaning: ``skip_checks`` (ids to leave out), ``cast_adapters``,
+    ``offload_threads``, ``overlap_offload_copies``, ``divergence_check``, ``vision_in_step``, ``moe_leaves``.
     ``offload_step_in_forward=True`` does what ZeroCallback does by default on one GPU under ZeRO-1/2 offload: each
     optimizer step's host work runs in the next forward, ``offload_step_chunk`` elements at a time (the same bits).
     It is opt-in here because a loop may read parameter tensors between ``optimizer.step()`` and the next forward;
     a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step first, and
-    ``hf_zero.finish_offload_step(model)`` finishes it on demand.
-
-    ``divergence_check``: under ZeRO-3 on several ranks, check before each parameter gather that every rank is about
-    to gather the same module, and stop with the modules named when they are not ("first_steps": the first optimizer
-    steps; "always"; "off"), as ZeroCallback does. ``vision_in_step``: under ZeRO-3 on several ranks, ranks whose batch
-    has no images run a vision-language model's vision tower on a dummy input so every rank gathers the same modules
-    ("keep", "per_step", "off"; hf_zero.zero3.modalities), as ZeroCallback does.
-
-    ``moe_leaves``: under ZeRO-3, mixture-of-experts blocks whose ranks can run different experts become ZeRO-3 leaves
-    before the engine is built ("auto"), as ZeroCallback does; "off" leaves the model as it is."""
+    ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
     import torch
+    from accelerate.utils import DummyOptim
 
-    problem = (step_chunk_problem(offload_step_chunk) or divergence_check_problem(divergence_check)
-               or vision_in_step_problem(vision_in_step) or moe_leaves_problem(moe_leaves))
-    if problem:
-        raise ConfigError(problem)
+    options = {"offload_step_in_forward": offload_step_in_forward, "offload_step_chunk": offload_step_chunk,
+               "divergence_check": divergence_check, "vision_in_step": vision_in_step, "moe_leaves": moe_leaves,
+               "cast_adapters": cast_adapters, "offload_threads": offload_threads,
+               "overlap_offload_copies": overlap_offload_copies}
+    check_options(offload_step_chunk=offload_step_chunk, divergence_check=divergence_check,
+                  vision_in_step=vision_in_step, moe_leaves=moe_leaves, skip_checks=skip_checks)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         return accelerator.prepare(model, *objects)
-    config = plugin.deepspeed_config
-    if accelerator.num_processes != world_size():
-        # Accelerate sized the batch for its own world; DeepSpeed would assert on it inside prepare
-        raise ConfigError(training_alone(accelerator.num_processes, world_size(), "the Accelerator"))
-    _fix_once(accelerator)  # done by hf_zero.accelerator(); a plain Accelerator gets it here
-    note = threads_for_offload(config)
-    if note:
-        logger.warning("hf_zero: %s", note)
-    from accelerate.utils import DummyOptim
-
-    objects = list(objects)
-    for i, obj in enumerate(objects):
-        if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
-            objects[i] = _with_preset_optimizer(config, obj)
-    make_moe_leaves(model, config, moe_leaves)  # DeepSpeed reads leaf flags when prepare builds the engine
+    run = run_of(accelerator, skip_checks)  # hf_zero.accelerator() ran the config checks; a plain Accelerator here
+    run.skip = run.skip | frozenset(skip_checks)
+    run.options, run.model = options, model
+    run.loaders = [obj for obj in objects if isinstance(obj, torch.utils.data.DataLoader)]
+    raise_errors(run_moment(CHECKS, "model", run))
+    objects = [_with_preset_optimizer(run.config, obj) if isinstance(obj, (torch.optim.Optimizer, DummyOptim)) else obj
+               for obj in objects]
     prepared = accelerator.prepare(model, *objects)
     engine = prepared[0] if isinstance(prepared, tuple) else prepared
-    sp, tp = parallel_sizes(config, getattr(accelerator, "parallelism_config", None))
-    problems = engine_problems(engine, accelerator.unwrap_model(engine), zero_stage(config), world_size(), sp=sp, tp=tp)
-    if problems:
-        raise ConfigError(problems)
-    watch_fetch_order(engine, divergence_check)  # its hooks on the model keep it alive
-    keep_generation_in_step(engine)
-    keep_vision_in_step(engine, vision_in_step)
-    from accelerate.utils import DynamoBackend
-
-    # torch.compile would trace the forward hooks that finish the step
-    in_forward = offload_step_in_forward and accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
-    for note in offload_fixes_applied(engine, in_forward, offload_step_chunk):
-        logger.info("hf_zero: %s", note)
+    run.engine, run.model = engine, accelerator.unwrap_model(engine)
+    raise_errors(run_moment(CHECKS, "engine", run))
     return prepared
 
 
@@ -247,7 +214,9 @@ def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arriv
         unwrapped.save_pretrained(str(staging), state_dict=state, safe_serialization=True)
         if processing_class is not None:
             processing_class.save_pretrained(str(staging))
-        problems = saved_model_problems(staging, unwrapped)
+        run = _RUNS.get(accelerator) or RunContext("accelerate", {}, accelerator=accelerator)
+        run.folder, run.model = staging, unwrapped
+        problems = run_moment(CHECKS, "save", run)
         if problems:
             shutil.rmtree(staging, ignore_errors=True)
         else:

@@ -16,16 +16,12 @@ from .modeling import has_frozen_parameters, is_peft_model, unwrap_model
 from .trainer.gradient_checkpointing import FROZEN_RECOMPUTE_FIX, peft_recompute_problems
 from .trainer.peft_fixes import ZERO2_BASE_SHARE, adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 
-# deprecated name of peft_recompute_problems, kept for scripts that call it
-checkpointing_problems = peft_recompute_problems
-
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
     "adapter_problems",
     "adapter_state_dict",
     "adapters_to_training_dtype",
-    "checkpointing_problems",
     "FROZEN_RECOMPUTE_FIX",
     "has_frozen_parameters",
     "is_adapter_folder",

@@ -44,4 +44,5 @@ def threads_for_offload(config: dict, wanted=AUTO, *, cores: int | None = None, 
             f"{os.environ.get('OMP_NUM_THREADS', 'unset')}: torchrun and accelerate launch set 1 for more than one "
             f"process per node), so DeepSpeed's CPU Adam would run on {have} core(s): raised to "
             f"{int(wanted)} (this process's share of the node's cores). To choose: "
-            "hf_zero.attach(trainer, offload_threads=N) to raise it to N instead, or None to leave it.")
+            "offload_threads=N (ZeroCallback, hf_zero.attach or hf_zero.prepare) to raise it to N instead, or None "
+            "to leave it.")

@@ -142,11 +142,16 @@ def check_batches_of(trainer, sp: int) -> None:
 
     def get_train_dataloader(*args, **kwargs):
         loader = build(*args, **kwargs)
-        # Accelerate's DataLoaderShard reads attributes through to the DataLoader it wraps, but sets them on itself
-        inner = getattr(loader, "base_dataloader", loader)
-        if not isinstance(inner.collate_fn, SequenceParallelBatches):
-            inner.collate_fn = SequenceParallelBatches(inner.collate_fn, sp)
+        check_loader_batches(loader, sp)
         return loader
 
     get_train_dataloader._hf_zero_sp = sp
     trainer.get_train_dataloader = get_train_dataloader
+
+
+def check_loader_batches(loader, sp: int) -> None:
+    """Wrap a training DataLoader's collate function in SequenceParallelBatches (once)."""
+    # Accelerate's DataLoaderShard reads attributes through to the DataLoader it wraps, but sets them on itself
+    inner = getattr(loader, "base_dataloader", loader)
+    if not isinstance(inner.collate_fn, SequenceParallelBatches):
+        inner.collate_fn = SequenceParallelBatches(inner.collate_fn, sp)

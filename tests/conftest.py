@@ -254,3 +254,13 @@ def trained(tiny_models, tmp_path_factory):
         return cache[key]
 
     return _trained
+
+
+@pytest.fixture(scope="session")
+def accelerate_zero3_loop(tiny_models, tmp_path_factory):
+    """Accelerate's README loop with hf_zero (tests/workers/train_accelerate.py) under the zero3 YAML, 2 processes,
+    once per session: its result.json, gathered weights and saved model."""
+    out = tmp_path_factory.mktemp("accelerate_zero3_loop")
+    run_worker(["--model", tiny_models["llama"], "--out", out], nproc=2, launcher="accelerate:recipes/accelerate/zero3.yaml",
+               script=REPO / "tests" / "workers" / "train_accelerate.py")
+    return out

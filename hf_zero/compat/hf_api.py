@@ -37,6 +37,24 @@ def model_checkpointing_on(model) -> bool:
     return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
+def model_checkpointing_kwargs(model) -> dict | None:
+    """The kwargs the model's layers call torch's checkpoint with (transformers keeps them in a functools.partial on
+    each checkpointed layer); None when no layer is checkpointed."""
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and func is not None:
+            return dict(getattr(func, "keywords", {}) or {})
+    return None
+
+
+def model_checkpointing_call(kwargs: str) -> str:
+    """How a user turns checkpointing on on a model with ``kwargs`` (source text), in the installed transformers."""
+    from transformers import PreTrainedModel
+
+    name = next(n for n in _ARG_NAMES if hasattr(PreTrainedModel, f"{n}_enable"))
+    return f"model.{name}_enable({name}_kwargs={kwargs})"
+
+
 def enable_model_checkpointing(model, kwargs: dict) -> None:
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)

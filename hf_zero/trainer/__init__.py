@@ -1,13 +1,20 @@
 """hf_zero inside a Trainer run: TrainingArguments glue, ZeroCallback, and the fixes it applies before the
-engine exists (gradient checkpointing, LoRA under ZeRO-3, torch.compile), batch padding and memory logs."""
+engine exists (gradient checkpointing, LoRA under ZeRO-3, torch.compile), batch padding and memory logs.
 
-from .callback import ZeroCallback, attach
+ZeroCallback, attach and the TrainingArguments glue are imported on first use: hf_zero.checks reads the helper modules
+here, and ZeroCallback reads hf_zero.checks."""
+
+import importlib
+
 from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
                                      peft_recompute_problems)
 from .memory import all_ranks_memory, local_memory
 from .padding import GPU_PAD_MULTIPLE, padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
-from .training_args import TrainingArguments, accelerate_deepspeed_file, apply_launch_glue, zero_arguments
+
+_LAZY = {"ZeroCallback": "callback", "attach": "callback", "TrainingArguments": "training_args",
+         "accelerate_deepspeed_file": "training_args", "apply_launch_glue": "training_args",
+         "zero_arguments": "training_args"}
 
 __all__ = [
     "accelerate_deepspeed_file",
@@ -28,3 +35,11 @@ __all__ = [
     "zero_arguments",
     "ZeroCallback",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_zero.trainer' has no attribute {name!r}")

@@ -44,7 +44,8 @@ def adapters_to_training_dtype(model, dtype) -> str | None:
     return (f"cast {len(cast)} trainable fp32 tensors ({count / 1e6:.1f}M parameters: LoRA/adapters) to {dtype}, the "
             "frozen base's dtype, as ZeRO-1/2 do: ZeRO-3 would train them in fp32 and peft would keep an fp32 copy of "
             "every adapted layer's input (LoRA on every Linear of a 1.35B Llama: 20.16 GiB per GPU, 13.66 cast). "
-            "The optimizer still keeps fp32 masters. To keep them fp32: hf_zero.attach(trainer, cast_adapters=False)")
+            "The optimizer still keeps fp32 masters. To keep them fp32: cast_adapters=False (ZeroCallback, "
+            "hf_zero.attach or hf_zero.prepare)")
 
 
 # A 16-bit base below this share of one GPU leaves room for ZeRO-2's activations and buckets (the

@@ -15,9 +15,8 @@ def _run(tiny_models, out, yaml, *flags, expect_fail=False):
                       launcher=f"accelerate:recipes/accelerate/{yaml}.yaml", script=LOOP_WORKER, expect_fail=expect_fail)
 
 
-def test_zero3_loop_trains_partitioned_and_saves_a_model_that_reloads_bitwise(tiny_models, tmp_path):
-    out = tmp_path / "loop"
-    _run(tiny_models, out, "zero3")
+def test_zero3_loop_trains_partitioned_and_saves_a_model_that_reloads_bitwise(accelerate_zero3_loop):
+    out = accelerate_zero3_loop
     result = read_result(out)
     assert result["engine"] == "DeepSpeedEngine" and result["dp_world_size"] == 2 and result["partitioned_at_load"]
     # the preset names no optimizer: the DummyOptim got DeepSpeed's AdamW, with torch's betas/eps as it names none

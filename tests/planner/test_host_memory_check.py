@@ -80,11 +80,8 @@ def test_the_callbacks_check_uses_the_live_model():
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, vocab_size=97))
 
-    class Args:
-        world_size = 1
-
-    assert "of model states in host memory" in host_memory_problem_of(load_config("zero2_offload"), model, Args, 2, 1024)
-    assert host_memory_problem_of(load_config("zero2_offload"), model, Args, 2) is None  # this machine holds it
+    assert "of model states in host memory" in host_memory_problem_of(load_config("zero2_offload"), model, 1, 2, 1024)
+    assert host_memory_problem_of(load_config("zero2_offload"), model, 1, 2) is None  # this machine holds it
 
 
 def test_a_host_memory_that_is_no_size_is_one_message(tmp_path, capsys):

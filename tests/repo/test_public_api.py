@@ -26,6 +26,6 @@ def test_unknown_name_is_an_attribute_error():
 def test_lora_namespace_keeps_its_names():
     from hf_zero import lora
 
-    for name in ("save_adapter", "merge_and_save", "adapter_problems", "adapter_state_dict", "checkpointing_problems",
+    for name in ("save_adapter", "merge_and_save", "adapter_problems", "adapter_state_dict", "peft_recompute_problems",
                  "no_leaf_modules_with_frozen_weights", "adapters_to_training_dtype", "zero2_advice"):
         assert callable(getattr(lora, name)), name

@@ -34,13 +34,16 @@ def test_warns_that_zero_on_one_process_shards_nothing(trained, preset):
     assert f"ZeRO-{preset[-1]} on a single process shards nothing" in warning and "offload preset" in warning
 
 
-def test_quiet_about_one_process_when_states_are_offloaded():
-    from hf_zero.trainer.callback import single_process_note
+def test_quiet_about_one_process_when_states_are_offloaded(monkeypatch):
+    from hf_zero.checks import RunContext
+    from hf_zero.checks.catalog import single_process
 
     offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-    assert single_process_note(offload, 2, ranks=1) is None
-    assert single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=2) is None
-    assert single_process_note({"zero_optimization": {"stage": 2}}, 2, ranks=1) is not None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert single_process(RunContext("trainer", offload)) == []
+    assert single_process(RunContext("trainer", {"zero_optimization": {"stage": 2}})) != []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert single_process(RunContext("trainer", {"zero_optimization": {"stage": 2}})) == []
 
 
 @cpu_only
@@ -290,3 +293,10 @@ def test_lora_checkpointing_without_kwargs_is_reentrant_only_where_non_reentrant
     result = attach_checks("lora_default_checkpointing_zero3")
     assert result["error"] is None and result["warnings"] == []
     assert result["use_reentrant"] is frozen_recompute_fails() and result["0.19.2"] == {"use_reentrant": True}
+
+
+def test_offload_the_host_cannot_hold_is_refused_unless_the_check_is_skipped(attach_checks):
+    refused = attach_checks("host_memory")
+    assert "of model states in host memory" in refused["error"] and "[check host-memory]" in refused["error"]
+    skipped = attach_checks("host_memory_skipped")
+    assert skipped["error"] is None and skipped["skipped"] == [["model", "host-memory", "skipped"]]

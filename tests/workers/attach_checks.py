@@ -11,6 +11,7 @@ import json
 import traceback
 from pathlib import Path
 
+import psutil
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, Trainer
@@ -140,6 +141,20 @@ def scenarios(model_path: str, out: Path):
                                                          lora=True), adapter_dtypes))
     yield run("keep_adapters", with_extra(lambda: attach(model_path, hf_args("zero3", bf16=True), bf16_model=True,
                                                          lora=True, cast_adapters=False), adapter_dtypes))
+    # a host smaller than the model states (the node's memory as psutil reports it, 1 MiB): refused, or let through
+    # with the one option that skips the check
+    def skipped(trainer):
+        callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, hf_zero.ZeroCallback))
+        return {"skipped": [list(entry) for entry in callback.run.ran if entry[2] == "skipped"]}
+
+    real = psutil.virtual_memory
+    psutil.virtual_memory = lambda: real()._replace(total=2**20)
+    try:
+        yield run("host_memory", lambda: attach(model_path, hf_args("zero2_offload")))
+        yield run("host_memory_skipped", with_extra(lambda: attach(model_path, hf_args("zero2_offload"),
+                                                                   skip_checks=["host-memory"]), skipped))
+    finally:
+        psutil.virtual_memory = real
 
 
 def main():

@@ -92,6 +92,7 @@ def main():
                   "long_context": str(hf_zero.long_context.long_context_of(model)),
                   "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing,
                   "step_in_forward": held is not None, "step_held_at_end": step_held_at_end,
+                  "checks_ran": [list(entry) for entry in hf_zero.accelerate_loop.run_of(accelerator).ran],
                   # the instance attributes hf_zero.engine_fixes sets on the ZeRO optimizer
                   "engine_fixes": sorted(name for name in ("update_offload_overflow_tracker",
                                                            "_reassign_or_swap_out_partitioned_parameters")

@@ -100,7 +100,7 @@ def main():
             "warnings": callback.warnings,
             "use_reentrant": (getattr(args, f"{CHECKPOINTING_ARG}_kwargs", None) or {}).get("use_reentrant"),
             # the same real args and model, as DeepSpeed 0.19.2 (CheckpointError reproduced there) would see them
-            "checkpointing_problems_0_19_2": hf_zero.lora.checkpointing_problems(trainer.model, args, "0.19.2"),
+            "checkpointing_problems_0_19_2": hf_zero.lora.peft_recompute_problems(trainer.model, args, "0.19.2"),
             "checkpoints": sorted(d.name for d in out.glob("checkpoint-*")),
             "steps_run": steps_run.steps,
         }

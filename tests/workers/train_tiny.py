@@ -267,6 +267,7 @@ def main():
             "peak_state_bytes": peak_states.peak,
             "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
             "warnings": callback.warnings if callback else [],
+            "checks_ran": [list(entry) for entry in callback.run.ran] if callback and callback.run else [],
             "zero_callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks].count("ZeroCallback"),
             "first_callback": type(trainer.callback_handler.callbacks[0]).__name__,
             "compiled_block_forwards": sum(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")

@@ -1,0 +1,294 @@
+"""Every check hf_zero runs on a ZeRO run, in the order it runs them, for both front doors.
+
+Adding a check: write its function here (it reads a RunContext and returns lines, [] when quiet), add one Check line
+to CHECKS, and give it a test where it fires and one where it stays quiet (tests/checks/test_catalog.py names both
+for every id); docs/checks.md lists it.
+"""
+
+import os
+
+from ..checkpoints.folders import training_state_problems
+from ..checkpoints.saved_models import saved_model_problems
+from ..config.dotted import offload_devices
+from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save
+from ..config.validate import validate_config
+from ..distributed import gpu_memory_bytes
+from ..engine_checks import engine_problems, layout_problems, training_alone
+from ..engine_fixes import offload_fixes_applied
+from ..offload_threads import AUTO, threads_for_offload
+from ..sequence_parallel import attention_head_counts, check_batches_of, check_loader_batches, sequence_parallel_problems
+from ..trainer.gradient_checkpointing import (default_checkpointing_kwargs, recompute_problems,
+                                              set_gradient_checkpointing_kwargs)
+from ..trainer.memory import host_memory_problem_of
+from ..trainer.padding import padding_advice
+from ..trainer.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+from ..zero3.divergence import watch_fetch_order
+from ..zero3.generation import keep_generation_in_step
+from ..zero3.modalities import keep_vision_in_step
+from ..zero3.moe import make_moe_leaves
+from ..zero3.partitions import full_numel, is_zero3_param
+from .pipeline import Check, warning
+
+
+# ---- config: the launch and the live DeepSpeed config ------------------------------------------------------------
+def world_size_matches(run) -> list:
+    """The door sized the run for the launched world (else each rank would train alone, or DeepSpeed asserts)."""
+    if run.declared_world == run.launched:
+        return []
+    return [training_alone(run.declared_world, run.launched, "the Trainer" if run.door == "trainer" else "the Accelerator")]
+
+
+def deepspeed_config(run) -> list:
+    """DeepSpeed's own parser and hf_zero's rules (hf_zero.validate_config), with this process's environment."""
+    sp, _ = run.sp_tp
+    return [f for f in validate_config(run.config, on_cpu=run.on_cpu, world_size=run.launched, environment=True,
+                                       sequence_parallel=sp)
+            if f.code != "zero3-no-gather"]  # save-gathers-weights turns it on
+
+
+def gpu_only_settings(run) -> list:
+    """On a CPU machine, the settings that work only on GPUs go (the presets' leaf-module threshold)."""
+    return drop_gpu_only_settings(run.config) if run.on_cpu else []
+
+
+def save_gathers_weights(run) -> list:
+    """Under ZeRO-3, saves gather 16-bit weights, so every saved model reloads with from_pretrained."""
+    if not run.options.get("force_gather_on_save", True):
+        if run.stage == 3 and not run.config["zero_optimization"].get(GATHER_ON_SAVE, False):
+            return [f"stage 3 with {GATHER_ON_SAVE} off: every saved model would be ZeRO shards that from_pretrained "
+                    "cannot load. Fix: set it to true in the config."]
+        return []
+    note = gather_weights_on_save(run.config)
+    return [warning(note)] if note else []
+
+
+# ---- model: before the engine exists ----------------------------------------------------------------------------
+def parallel_layout(run) -> list:
+    """Sequence/tensor-parallel degrees the world, the model's heads and its attention can be split into."""
+    sp, tp = run.sp_tp
+    heads, kv_heads = attention_head_counts(run.model)
+    return (layout_problems(run.launched, sp, tp, heads, kv_heads)
+            + sequence_parallel_problems(run.model, run.parallelism, run.launched, sp, on_cpu=run.on_cpu))
+
+
+def sequence_parallel_batches(run) -> list:
+    """Under Ulysses, every training batch splits into sp_size shards and carries position_ids (its collate wrapped)."""
+    sp, _ = run.sp_tp
+    if sp > 1:
+        if run.trainer is not None:
+            check_batches_of(run.trainer, sp)
+        for loader in run.loaders:
+            check_loader_batches(loader, sp)
+    return []
+
+
+def host_memory(run) -> list:
+    """With states offloaded, the model states the planner counts fit this node's memory."""
+    if not offload_devices(run.config):
+        return []
+    problem = host_memory_problem_of(run.config, run.model, run.declared_world, half=2 if run.half_dtype else 4)
+    return [problem] if problem else []
+
+
+def offload_threads(run) -> list:
+    """With the optimizer on the host, torch's CPU threads (DeepSpeed's CPU Adam runs on them) get this process's
+    share of the node's cores where a launcher left one."""
+    note = threads_for_offload(run.config, run.options.get("offload_threads", AUTO))
+    return [note] if note else []
+
+
+def single_process(run) -> list:
+    """ZeRO without offload on one process shards nothing."""
+    if run.launched != 1 or not run.stage or offload_devices(run.config):
+        return []
+    return [f"ZeRO-{run.stage} on a single process shards nothing: the whole model, its gradients and Adam states stay "
+            "on this device, and DeepSpeed's bookkeeping only slows each step (measured: hf_zero's docs, "
+            "performance.md). Fix: train without a DeepSpeed config, launch more processes, or use "
+            "an offload preset (zero2_offload, zero3_offload) when the model does not fit."]
+
+
+def _frozen(run) -> list:
+    return [p for p in run.model.parameters() if not p.requires_grad] if run.stage == 3 else []
+
+
+def frozen_weights_leaves(run) -> list:
+    """Under ZeRO-3 with frozen weights (LoRA), no leaf modules: DeepSpeed loses a leaf's frozen weights."""
+    note = no_leaf_modules_with_frozen_weights(run.model, run.config) if _frozen(run) else None
+    return [note] if note else []
+
+
+def adapter_dtype(run) -> list:
+    """Under ZeRO-3, a 16-bit frozen base's fp32 adapters train in its dtype, as ZeRO-1/2 train them."""
+    dtype = run.half_dtype
+    if not _frozen(run) or dtype is None or not run.options.get("cast_adapters", True):
+        return []
+    note = adapters_to_training_dtype(run.model, dtype)
+    return [note] if note else []
+
+
+def lora_fits_zero2(run) -> list:
+    """LoRA under ZeRO-3 whose base fits each GPU under ZeRO-2, which is faster for adapters."""
+    frozen = _frozen(run)
+    advice = zero2_advice(sum(full_numel(p) for p in frozen), gpu_memory_bytes()) if frozen else None
+    return [advice] if advice else []
+
+
+def compile_blocks(run) -> list:
+    """Under ZeRO-3 with torch.compile, each repeated block's forward compiles and DeepSpeed's hooks stay eager."""
+    if run.stage != 3 or run.accelerator is None:
+        return []
+    from ..trainer.compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for ZeRO-3 runs
+
+    note = take_over_zero3_compile(run.accelerator, run.model, run.config)
+    return [note] if note else []
+
+
+def moe_leaves(run) -> list:
+    """Under ZeRO-3, mixture-of-experts blocks whose ranks can route to different experts become leaves (it says
+    what it made itself, once, on rank 0)."""
+    make_moe_leaves(run.model, run.config, run.options.get("moe_leaves", "auto"))
+    return []
+
+
+def built_whole(run) -> list:
+    """A ZeRO-3 model built whole on every rank (not by zero.Init) costs its full size in host memory per rank."""
+    if run.stage != 3 or any(is_zero3_param(p) for p in run.model.parameters()):
+        return []
+    params = list(run.model.parameters())
+    n = sum(p.numel() for p in params)
+    size = sum(p.numel() * p.element_size() for p in params)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    load = ("create TrainingArguments(deepspeed=...) before from_pretrained, or load with "
+            "hf_zero.from_pretrained(cls, path, config)" if run.door == "trainer" else
+            "build the Accelerator (hf_zero.accelerator()) before from_pretrained, or load with "
+            "hf_zero.from_pretrained(cls, path, config)")
+    return [f"the model ({n / 1e6:.1f}M parameters) was built whole on every rank before ZeRO-3 partitioned it: "
+            f"{size * ranks / 1024**3:.2f} GiB of host memory on this node at load. Fix: {load}."]
+
+
+def checkpointing_kwargs(run) -> list:
+    """Gradient checkpointing without kwargs from the user gets one choice across transformers releases (whose
+    defaults differ): non-reentrant, reentrant only where the non-reentrant recompute fails. Both train ZeRO-3 to the
+    same bits on DeepSpeed 0.19.8 (tests/multiproc/test_reentrant_checkpointing.py). A loop's model was turned on
+    with its kwargs already."""
+    if run.args is not None and run.checkpointing and run.checkpointing_kwargs is None:
+        set_gradient_checkpointing_kwargs(run.args, default_checkpointing_kwargs(run.model, run.args))
+    return []
+
+
+def peft_recompute(run) -> list:
+    """Non-reentrant checkpointing of a frozen base under ZeRO-3 fails in DeepSpeed before 0.19.3."""
+    if not run.checkpointing:
+        return []
+    return recompute_problems(run.model, run.config, run.checkpointing_kwargs or {}, in_loop=run.args is None)
+
+
+def batch_padding(run) -> list:
+    """On GPUs, a padding collator pads to a multiple of 64 (aligned widths train more tokens per second)."""
+    advice = padding_advice(run.collator, not run.on_cpu)
+    return [advice] if advice else []
+
+
+# ---- engine: what prepare built ---------------------------------------------------------------------------------
+def engine_drives(run) -> list:
+    """DeepSpeed drives the model, on the launched world, and ZeRO-3 partitioned it."""
+    sp, tp = run.sp_tp
+    return engine_problems(run.engine, run.model, run.stage, run.launched, sp=sp, tp=tp)
+
+
+def cache_off_while_checkpointing(run) -> list:
+    """With checkpointing, the model's use_cache goes off (a KV cache is useless there and warns every step)."""
+    config = getattr(run.model, "config", None)
+    if run.checkpointing and getattr(config, "use_cache", None):
+        config.use_cache = False
+    return []
+
+
+def offload_step_fixes(run) -> list:
+    """hf_zero.engine_fixes on the engine: the offload step's host work, copies and overflow test."""
+    if not run.options.get("overlap_offload_copies", True):
+        run.kept["engine_fixes"] = []
+        return []
+    in_forward = run.options.get("offload_step_in_forward", False) and not run.compiled  # compile would trace its hooks
+    notes = offload_fixes_applied(run.engine, in_forward, run.options.get("offload_step_chunk"))
+    run.kept["engine_fixes"] = notes
+    return notes
+
+
+def divergence_watch(run) -> list:
+    """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
+    diverge stop with the modules named instead of hanging)."""
+    run.kept["fetch_watch"] = watch_fetch_order(run.engine, run.options.get("divergence_check", "first_steps"))
+    return []
+
+
+def generation_in_step(run) -> list:
+    """Under ZeRO-3 on several ranks, generate() passes synced_gpus=True (ranks that finish early keep gathering)."""
+    keep_generation_in_step(run.engine)
+    return []
+
+
+def vision_in_step(run) -> list:
+    """Under ZeRO-3 on several ranks, ranks without images run a vision-language model's vision tower on a dummy."""
+    run.kept["vision_in_step"] = keep_vision_in_step(run.engine, run.options.get("vision_in_step", "keep"))
+    return []
+
+
+# ---- save: a written folder, before it replaces anything ---------------------------------------------------------
+def checkpoint_complete(run) -> list:
+    """A Trainer checkpoint holds its training state (trainer_state.json, the optimizer's shards)."""
+    return training_state_problems(run.folder) if run.checkpoint else []
+
+
+def saved_model_reloads(run) -> list:
+    """The saved model reloads with from_pretrained: weights present, no zero-size tensors, shapes match."""
+    return saved_model_problems(run.folder, run.model)
+
+
+CHECKS = (
+    Check("world-size", "config", "error", world_size_matches, "the door's world size is the launched one", gate=True),
+    Check("gpu-only-settings", "config", "warning", gpu_only_settings, "on CPU, drops settings that work only on GPUs"),
+    Check("deepspeed-config", "config", "error", deepspeed_config, "DeepSpeed's parser and hf_zero's config rules",
+          gate=True),
+    Check("save-gathers-weights", "config", "error", save_gathers_weights,
+          "ZeRO-3 saves gather 16-bit weights (turned on and said; refused when forcing is off)",
+          off="force_gather_on_save=False refuses instead of turning it on"),
+    Check("parallel-layout", "model", "error", parallel_layout, "sequence/tensor-parallel sizes fit the world and model"),
+    Check("sequence-parallel-batches", "model", "error", sequence_parallel_batches,
+          "Ulysses batches split into sp_size shards and carry position_ids"),
+    Check("host-memory", "model", "error", host_memory, "offloaded model states fit the node's memory (the planner)"),
+    Check("offload-threads", "model", "warning", offload_threads, "the CPU optimizer gets this process's cores",
+          off="offload_threads=None"),
+    Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
+    Check("frozen-weights-leaves", "model", "warning", frozen_weights_leaves,
+          "ZeRO-3 with frozen weights: no leaf modules"),
+    Check("adapter-dtype", "model", "warning", adapter_dtype, "ZeRO-3 LoRA adapters train in the base's 16-bit dtype",
+          off="cast_adapters=False"),
+    Check("lora-fits-zero2", "model", "warning", lora_fits_zero2, "LoRA whose base fits ZeRO-2 is advised to use it"),
+    Check("compile-blocks", "model", "warning", compile_blocks,
+          "ZeRO-3 with torch.compile compiles block forwards, hooks stay eager"),
+    Check("moe-leaves", "model", "info", moe_leaves, "ZeRO-3 MoE blocks become leaves", off='moe_leaves="off"'),
+    Check("built-whole", "model", "warning", built_whole, "a ZeRO-3 model not built by zero.Init is reported"),
+    Check("checkpointing-kwargs", "model", "info", checkpointing_kwargs,
+          "checkpointing without kwargs gets non-reentrant (reentrant where that fails)"),
+    Check("peft-recompute", "model", "error", peft_recompute,
+          "non-reentrant checkpointing of a frozen base under ZeRO-3 on DeepSpeed < 0.19.3"),
+    Check("batch-padding", "model", "warning", batch_padding, "on GPUs, padding collators pad to a multiple of 64"),
+    Check("engine-drives", "engine", "error", engine_drives,
+          "DeepSpeed drives the model on the launched world; ZeRO-3 partitioned it", gate=True),
+    Check("cache-off-while-checkpointing", "engine", "info", cache_off_while_checkpointing,
+          "use_cache off while checkpointing"),
+    Check("offload-step-fixes", "engine", "info", offload_step_fixes,
+          "offload's host step overlaps the GPU; pinned copies; no per-gradient host test",
+          off="overlap_offload_copies=False; offload_step_in_forward"),
+    Check("divergence-watch", "engine", "error", divergence_watch,
+          "ZeRO-3 ranks gather the same modules, or stop naming them", off='divergence_check="off"'),
+    Check("generation-in-step", "engine", "info", generation_in_step, "ZeRO-3 generate() keeps ranks in step"),
+    Check("vision-in-step", "engine", "error", vision_in_step,
+          "ZeRO-3 ranks without images run the vision tower on a dummy", off='vision_in_step="off"'),
+    Check("checkpoint-complete", "save", "error", checkpoint_complete, "a Trainer checkpoint holds its training state"),
+    Check("saved-model-reloads", "save", "error", saved_model_reloads,
+          "the saved folder reloads with from_pretrained", off='force_gather_on_save keeps ZeRO-3 saves whole'),
+)
+
+CHECK_IDS = tuple(c.id for c in CHECKS)

@@ -1,0 +1,107 @@
+"""What the checks read of a run, whichever door it came through: the Trainer (its arguments and model) or a user's
+Accelerate loop (the Accelerator and what its prepare() was given)."""
+
+import logging
+from dataclasses import dataclass, field
+
+from ..compat.hf_api import checkpointing_kwargs, checkpointing_on, model_checkpointing_kwargs, model_checkpointing_on
+from ..config.dotted import half_precision, zero_stage
+from ..distributed import has_gpu, is_main_process, world_size
+from ..engine_checks import parallel_sizes
+
+logger = logging.getLogger("hf_zero")
+
+DOORS = ("trainer", "accelerate")
+
+
+@dataclass
+class RunContext:
+    """One run as the checks see it. ``config`` is the live DeepSpeed config the engine will be built from (fixes
+    change it in place); ``options`` are the door's options (ZeroCallback's or prepare's keyword arguments)."""
+
+    door: str
+    config: dict
+    options: dict = field(default_factory=dict)
+    skip: frozenset = frozenset()
+    model: object = None
+    args: object = None  # TrainingArguments (the Trainer door)
+    trainer: object = None
+    accelerator: object = None  # the Trainer's own, or the loop's
+    loaders: list = field(default_factory=list)  # the loop's DataLoaders given to prepare (the Accelerate door)
+    engine: object = None
+    folder: object = None  # the save moment: the folder written
+    checkpoint: bool = False  # the save moment: a Trainer checkpoint (training state beside the model)
+    compiled: bool = False  # the user asked torch.compile for the model
+    warnings: list = field(default_factory=list)  # what the checks said at WARNING, in order
+    ran: list = field(default_factory=list)  # (moment, check id, "fired" / "quiet" / "skipped")
+    kept: dict = field(default_factory=dict)  # what a check leaves for the door (a watch to remove, fixes applied)
+    stage: int | None = None  # the ZeRO stage the config asks for when the run is first checked
+
+    def __post_init__(self):
+        self.stage = zero_stage(self.config)
+
+    def say(self, message: str, severity: str) -> None:
+        if severity == "warning":
+            self.warnings.append(message)
+            logger.warning("hf_zero: %s", message)
+        elif is_main_process():
+            logger.info("hf_zero: %s", message)
+
+    # ---- the run, whichever door ---------------------------------------------------------------
+    @property
+    def launched(self) -> int:
+        return world_size()
+
+    @property
+    def declared_world(self) -> int:
+        """The world size the door sized the run for: the Trainer's arguments, or the Accelerator."""
+        if self.args is not None:
+            return self.args.world_size
+        return self.accelerator.num_processes
+
+    @property
+    def parallelism(self):
+        """Accelerate's ParallelismConfig: the Accelerator holds it (from TrainingArguments(parallelism_config=...),
+        from ``accelerate launch``'s config, or given to the loop's Accelerator)."""
+        found = getattr(self.accelerator, "parallelism_config", None)
+        return found if found is not None else getattr(self.args, "parallelism_config", None)
+
+    @property
+    def sp_tp(self) -> tuple:
+        return parallel_sizes(self.config, self.parallelism)
+
+    @property
+    def on_cpu(self) -> bool:
+        return not has_gpu()
+
+    @property
+    def half_dtype(self):
+        """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
+        import torch
+
+        if self.args is not None:
+            flags = {flag: bool(getattr(self.args, flag, False)) for flag in ("bf16", "fp16")}
+        else:
+            mixed = str(getattr(self.accelerator, "mixed_precision", "no"))
+            flags = {flag: mixed == flag for flag in ("bf16", "fp16")}
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(half_precision(self.config, flags))
+
+    @property
+    def checkpointing(self) -> bool:
+        """Activation (gradient) checkpointing: asked in the Trainer's arguments, or turned on on the loop's model."""
+        if self.args is not None:
+            return checkpointing_on(self.args)
+        return self.model is not None and model_checkpointing_on(self.model)
+
+    @property
+    def checkpointing_kwargs(self):
+        """The checkpoint function's kwargs the user gave (None: not given, the Trainer door picks them)."""
+        if self.args is not None:
+            return checkpointing_kwargs(self.args)
+        return model_checkpointing_kwargs(self.model) if self.checkpointing else None
+
+    @property
+    def collator(self):
+        if self.trainer is not None:
+            return getattr(self.trainer, "data_collator", None)
+        return next((loader.collate_fn for loader in self.loaders), None)

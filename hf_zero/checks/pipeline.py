@@ -1,0 +1,98 @@
+"""The check pipeline both front doors run: ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop).
+
+A check is one function of a RunContext with an id, the moment it needs, a severity and a documented way to turn it
+off. It returns lines: each a problem (at the check's severity) or a Finding with its own. Some checks also fix what
+they find (the live config the engine is built from, the model before the engine wraps it) and say so. Every check
+of a moment runs, and every error is collected, before the door raises them together (one ConfigError listing all).
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ConfigError
+
+logger = logging.getLogger("hf_zero")
+
+# The moments a run passes, in order, and what each has.
+MOMENTS = ("config", "model", "engine", "save")
+MOMENT_MEANING = {
+    "config": "the live DeepSpeed config, before the model is touched",
+    "model": "the model and the launch, before the DeepSpeed engine exists",
+    "engine": "the built DeepSpeed engine, before the first step",
+    "save": "a saved folder, before it replaces anything",
+}
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: ``run(context)`` returns its lines ([] when quiet)."""
+
+    id: str
+    moment: str
+    severity: str  # "error" refuses the run; "warning" is said at WARNING; "info" is logged on rank 0
+    run: Callable
+    summary: str  # what it checks or fixes, one line for docs/checks.md
+    off: str = ""  # the option that turns it off where one exists; every check also goes with skip_checks=[id]
+    gate: bool = False  # its errors stop the moment before later checks read what it refused
+
+    def __post_init__(self):
+        if self.moment not in MOMENTS or self.severity not in SEVERITIES:
+            raise ValueError(f"check {self.id}: moment {self.moment!r}, severity {self.severity!r}")
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line a check says at a severity of its own (a check that refuses one case and fixes another)."""
+
+    severity: str
+    message: str
+
+    def __str__(self):
+        return self.message
+
+
+def warning(message: str) -> Line:
+    return Line("warning", message)
+
+
+def severity_of(line, check: Check) -> str:
+    return getattr(line, "severity", check.severity)
+
+
+def skip_problem(skip, known) -> str | None:
+    """Why ``skip`` (ids given to skip_checks) cannot be used, or None."""
+    if isinstance(skip, str):
+        return (f"skip_checks={skip!r} is one string; it takes a list of check ids. Fix: skip_checks=[{skip!r}]")
+    unknown = sorted(set(skip) - set(known))
+    if unknown:
+        return (f"skip_checks names {unknown}, which are not check ids. Fix: use ids from hf_zero's docs, checks.md: "
+                f"{', '.join(sorted(known))}")
+    return None
+
+
+def run_moment(checks, moment: str, context) -> list:
+    """Run every check of ``moment`` on ``context`` (skipping the ids in ``context.skip``); say the warnings and notes
+    through ``context.say``; return the error lines (the door raises them; the save moment's go to its own error)."""
+    errors = []
+    for check in (c for c in checks if c.moment == moment):
+        if check.id in context.skip:
+            context.ran.append((moment, check.id, "skipped"))
+            continue
+        lines = check.run(context) or []
+        context.ran.append((moment, check.id, "fired" if lines else "quiet"))
+        for line in lines:
+            severity = severity_of(line, check)
+            if severity == "error":
+                errors.append(f"{line} [check {check.id}]")
+            else:
+                context.say(str(line), severity)
+        if check.gate and errors:
+            break
+    return errors
+
+
+def raise_errors(errors: list) -> None:
+    if errors:
+        raise ConfigError(errors)

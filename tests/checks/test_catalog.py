@@ -1,0 +1,160 @@
+"""hf_zero.checks' list: every check keeps a test where it fires and one where it stays quiet (named here, found in
+the test files), the docs list every check, and the options that turn checks off are checked themselves."""
+
+import ast
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import REPO
+from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options
+from hf_zero.checks.catalog import cache_off_while_checkpointing, generation_in_step
+from hf_zero.compat.hf_api import enable_model_checkpointing
+from hf_zero.errors import ConfigError
+
+# check id -> (tests where it fires, tests where it stays quiet), as file::function
+COVERAGE = {
+    "world-size": (["trainer/test_callback.py::test_fires_when_ranks_would_train_alone",
+                    "multiproc/test_accelerate_loop.py::test_a_plain_accelerator_on_cpu_is_stopped_before_ranks_train_alone"],
+                   ["trainer/test_callback.py::test_quiet_world_size_with_hf_zero_arguments"]),
+    "gpu-only-settings": (["trainer/test_callback.py::test_gpu_only_setting_dropped_on_cpu_is_said"],
+                          ["trainer/test_callback.py::test_quiet_about_gpu_only_settings_when_the_config_has_none"]),
+    "deepspeed-config": (["trainer/test_callback.py::test_config_warnings_are_passed_on",
+                          "checks/test_doors.py::test_prepare_passes_config_warnings_on"],
+                         ["trainer/test_callback.py::test_quiet_config_warnings_on_a_sound_config"]),
+    "save-gathers-weights": (["trainer/test_callback.py::test_gather_off_is_turned_on_so_the_save_reloads",
+                              "trainer/test_callback.py::test_gather_off_refused_when_not_forced_on"],
+                             ["trainer/test_callback.py::test_quiet_about_gathering_when_the_config_already_gathers",
+                              "trainer/test_callback.py::test_quiet_gather_not_forced_but_already_on"]),
+    "parallel-layout": (["config/test_parallel_layout.py::test_layouts_that_do_not_divide_are_refused_before_the_engine",
+                         "config/test_sequence_parallel_checks.py::test_world_not_divisible_by_sp_size"],
+                        ["config/test_sequence_parallel_checks.py::test_all_sp_checks_together_and_none_without_sp"]),
+    "sequence-parallel-batches": (["config/test_sequence_parallel_checks.py::test_batch_width_not_divisible_by_sp_size"],
+                                  ["config/test_sequence_parallel_checks.py::"
+                                   "test_batches_without_position_ids_get_the_models_default"]),
+    "host-memory": (["trainer/test_callback.py::test_offload_the_host_cannot_hold_is_refused_unless_the_check_is_skipped",
+                     "checks/test_doors.py::test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped"],
+                    ["planner/test_host_memory_check.py::test_states_over_the_node_memory_are_refused_and_under_it_pass"]),
+    "offload-threads": (["trainer/test_offload_overflow.py::test_offload_threads_fire_with_one_thread_of_eight_cores"],
+                        ["trainer/test_offload_overflow.py::test_quiet_offload_threads"]),
+    "single-process": (["trainer/test_callback.py::test_warns_that_zero_on_one_process_shards_nothing",
+                        "checks/test_doors.py::test_prepare_says_that_zero_on_one_process_shards_nothing"],
+                       ["trainer/test_callback.py::test_quiet_about_one_process_when_states_are_offloaded"]),
+    "frozen-weights-leaves": (["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"],
+                              ["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"]),
+    "adapter-dtype": (["trainer/test_callback.py::test_adapters_cast_to_the_bf16_base_by_default",
+                       "checks/test_doors.py::test_prepare_casts_adapters_to_the_bf16_base_unless_told_not_to"],
+                      ["trainer/test_callback.py::test_quiet_adapters_kept_fp32_with_cast_adapters_false"]),
+    "lora-fits-zero2": (["trainer/test_lora.py::test_zero2_advice_for_a_lora_base_that_fits_each_gpu"],
+                        ["trainer/test_lora.py::test_no_zero2_advice_in_cpu_lora_runs"]),
+    "compile-blocks": (["trainer/test_callback.py::test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager"],
+                       ["trainer/test_callback.py::test_quiet_compile_without_torch_compile"]),
+    "moe-leaves": (["zero3/test_moe.py::test_fused_blocks_are_found_and_only_their_eager_path_becomes_a_leaf",
+                    "multiproc/test_moe_training.py::test_an_accelerate_loop_gets_the_same_leaves_from_prepare"],
+                   ["zero3/test_moe.py::test_off_another_stage_or_a_config_leaf_module_change_nothing"]),
+    "built-whole": (["trainer/test_callback.py::test_warns_when_zero3_model_was_built_whole",
+                     "checks/test_doors.py::test_prepare_reports_a_zero3_model_built_whole"],
+                    ["trainer/test_callback.py::test_quiet_when_zero3_model_loaded_partitioned"]),
+    "checkpointing-kwargs": (["trainer/test_callback.py::test_checkpointing_without_kwargs_is_non_reentrant",
+                              "trainer/test_callback.py::"
+                              "test_lora_checkpointing_without_kwargs_is_reentrant_only_where_non_reentrant_fails"],
+                             ["trainer/test_callback.py::"
+                              "test_quiet_about_the_users_choice_of_reentrant_checkpointing_and_keeps_it"]),
+    "peft-recompute": (["trainer/test_callback.py::"
+                        "test_non_reentrant_checkpointing_of_lora_is_stopped_only_before_the_deepspeed_fix",
+                        "checks/test_doors.py::"
+                        "test_prepare_stops_non_reentrant_lora_checkpointing_only_before_the_deepspeed_fix"],
+                       ["trainer/test_callback.py::test_quiet_about_recompute_with_reentrant_lora_or_full_fine_tuning"]),
+    "batch-padding": (["trainer/test_padding.py::test_advice_fires_for_padding_to_the_longest_sample_on_a_gpu"],
+                      ["trainer/test_padding.py::"
+                       "test_advice_is_quiet_where_padding_is_already_right_or_alignment_buys_nothing"]),
+    "engine-drives": (["trainer/test_callback.py::test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp",
+                       "trainer/test_callback.py::test_fires_when_stage3_is_configured_but_the_engine_did_not_partition"],
+                      ["trainer/test_callback.py::test_quiet_engine_check_on_a_real_engine"]),
+    "cache-off-while-checkpointing": (["checks/test_catalog.py::test_use_cache_goes_off_only_while_checkpointing"],
+                                      ["checks/test_catalog.py::test_use_cache_goes_off_only_while_checkpointing"]),
+    "offload-step-fixes": (["trainer/test_offload_overflow.py::test_fix_applied_under_offload_and_trains_the_same_bits",
+                            "multiproc/test_accelerate_loop.py::test_prepare_applies_the_offload_fixes_the_trainer_gets"],
+                           ["trainer/test_offload_overflow.py::test_quiet_without_offload"]),
+    "divergence-watch": (["multiproc/test_divergence.py::test_a_branch_on_one_rank_stops_every_rank_naming_both_modules",
+                          "multiproc/test_divergence.py::test_the_accelerate_door_stops_a_branch_on_one_rank_too"],
+                         ["multiproc/test_divergence.py::test_quiet_when_ranks_agree_and_gone_after_the_first_steps"]),
+    "generation-in-step": (["multiproc/test_generation.py::test_unequal_generation_with_synced_gpus_false_finishes"],
+                           ["checks/test_catalog.py::test_generate_is_left_alone_without_zero3_ranks"]),
+    "vision-in-step": (["multiproc/test_vision_in_step.py::"
+                        "test_mixed_modalities_train_keep_the_trace_and_stop_when_the_dummy_cannot_run"],
+                       ["zero3/test_modalities.py::test_quiet_when_every_rank_has_the_same_passes"]),
+    "checkpoint-complete": (["trainer/test_callback.py::"
+                             "test_incomplete_checkpoint_fails_the_save_and_the_older_one_survives_rotation"],
+                            ["trainer/test_callback.py::test_checkpoint_folders_verified_and_reloadable"]),
+    "saved-model-reloads": (["checkpoints/test_saved_models.py::test_zero_size_tensors_are_caught",
+                             "multiproc/test_accelerate_loop.py::test_a_save_on_one_rank_only_is_refused_and_writes_nothing"],
+                            ["checkpoints/test_saved_models.py::test_good_folder_passes"]),
+}
+
+
+def _test_functions(path) -> set:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def test_every_check_names_a_firing_and_a_quiet_test_that_exist():
+    assert sorted(COVERAGE) == sorted(CHECK_IDS)
+    missing = []
+    for check_id, (fires, quiet) in COVERAGE.items():
+        assert fires and quiet, check_id
+        for node in fires + quiet:
+            file, name = node.split("::")
+            if name not in _test_functions(REPO / "tests" / file):
+                missing.append(f"{check_id}: {node}")
+    assert missing == []
+
+
+def test_the_docs_list_every_check_with_its_moment_and_off_switch():
+    page = (REPO / "docs" / "run-checks.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
+    assert sorted(rows) == sorted(CHECK_IDS)
+    for check in CHECKS:
+        assert f"| {check.moment} |" in rows[check.id] and f"| {check.severity} |" in rows[check.id], check.id
+
+
+def _tiny_model():
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, vocab_size=97))
+
+
+def test_use_cache_goes_off_only_while_checkpointing():
+    model = _tiny_model()
+    run = RunContext("accelerate", {"zero_optimization": {"stage": 3}}, model=model)
+    cache_off_while_checkpointing(run)
+    assert model.config.use_cache is True  # no checkpointing: the cache stays
+    enable_model_checkpointing(model, {"use_reentrant": False})
+    cache_off_while_checkpointing(run)
+    assert model.config.use_cache is False
+
+
+def test_generate_is_left_alone_without_zero3_ranks():
+    model = _tiny_model()
+    generate = model.generate
+    generation_in_step(RunContext("trainer", {"zero_optimization": {"stage": 3}}, engine=model, model=model))
+    assert model.generate == generate  # no DeepSpeed engine on several ranks: nothing can diverge
+
+
+@pytest.mark.parametrize("skip, fires", [(["host-memory"], None), (["host_memory"], "not check ids"),
+                                         ("host-memory", "one string"), ([], None)])
+def test_skip_checks_takes_known_ids_only(skip, fires):
+    try:
+        check_options(skip_checks=skip)
+    except ConfigError as e:
+        assert fires and fires in str(e) and "host-memory" in str(e)
+    else:
+        assert fires is None
+
+
+def test_model_checkpointing_kwargs_are_read_from_the_model():
+    from hf_zero.compat.hf_api import model_checkpointing_kwargs
+
+    model = _tiny_model()
+    assert model_checkpointing_kwargs(model) is None
+    enable_model_checkpointing(model, {"use_reentrant": True})
+    assert model_checkpointing_kwargs(model) == {"use_reentrant": True}

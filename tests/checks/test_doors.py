@@ -1,0 +1,108 @@
+"""One check list behind both front doors: the Trainer's ZeroCallback and hf_zero.prepare in an Accelerate loop run
+every check of hf_zero.checks, in the same order, and the checks the Accelerate door gained fire and stay quiet there
+as they do for the Trainer."""
+
+import json
+
+import pytest
+
+from conftest import REPO, read_result, run_worker
+from hf_zero.checks import CHECKS
+from hf_zero.compat.deepspeed_api import frozen_recompute_fails
+from hf_zero.compat.hf_api import model_checkpointing_call
+
+pytestmark = pytest.mark.multiproc
+PREPARE_WORKER = REPO / "tests" / "workers" / "prepare_checks.py"
+SHARDS_NOTHING = "on a single process shards nothing"
+GPU_ONLY = "works only on GPUs"  # the presets' leaf-module threshold, dropped on CPU machines
+
+
+def checks_in_order(ran) -> list:
+    """(moment, id) of each check a run went through, once, in the order it first ran."""
+    seen = []
+    for moment, check_id, _ in ran:
+        if [moment, check_id] not in seen:
+            seen.append([moment, check_id])
+    return seen
+
+
+EVERY_CHECK = [[c.moment, c.id] for c in CHECKS]
+
+
+def test_the_trainer_door_runs_every_check_in_order(trained):
+    result = read_result(trained("llama", "zero3", 2, "--gc", "--save-steps", "2"))
+    assert checks_in_order(result["checks_ran"]) == EVERY_CHECK
+
+
+def test_the_accelerate_door_runs_every_check_in_order(accelerate_zero3_loop):
+    result = read_result(accelerate_zero3_loop)
+    assert checks_in_order(result["checks_ran"]) == EVERY_CHECK
+
+
+def test_the_list_is_checked_as_each_door_defines_it():
+    ids = [c.id for c in CHECKS]
+    assert len(ids) == len(set(ids))
+    moments = [c.moment for c in CHECKS]
+    assert moments == sorted(moments, key=["config", "model", "engine", "save"].index)  # run order is list order
+
+
+@pytest.fixture(scope="module")
+def prepare_checks(tiny_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepare_checks")
+    run_worker(["--model", tiny_models["llama"], "--out", out], script=PREPARE_WORKER, timeout=600)
+    results = json.loads((out / "prepare_checks.json").read_text())
+
+    def scenario(name):
+        result = dict(results[name])
+        result["warnings"] = [w for w in result["warnings"] if SHARDS_NOTHING not in w and GPU_ONLY not in w]
+        return result
+
+    scenario.raw = results
+    return scenario
+
+
+def test_prepare_says_that_zero_on_one_process_shards_nothing(prepare_checks):
+    [warning] = [w for w in prepare_checks.raw["zero2"]["warnings"] if SHARDS_NOTHING in w]
+    assert "ZeRO-2 on a single process" in warning
+    assert not any(SHARDS_NOTHING in w for w in prepare_checks.raw["host_memory_skipped"]["warnings"])  # offloaded
+
+
+def test_prepare_passes_config_warnings_on(prepare_checks):
+    assert prepare_checks("config_warning")["warnings"] == [
+        "stage 2 ignores the stage-3 keys stage3_param_persistence_threshold. "
+        "Fix: remove them, or set stage 3 if that was meant."]
+    assert prepare_checks("zero2") == {"warnings": [], "error": None, "ran": prepare_checks("zero2")["ran"]}
+
+
+def test_prepare_reports_a_zero3_model_built_whole(prepare_checks):
+    [warning] = prepare_checks("built_whole")["warnings"]
+    assert "built whole" in warning and "hf_zero.accelerator()" in warning
+    assert not any("built whole" in w for w in prepare_checks("keep_adapters")["warnings"])
+
+
+def test_prepare_casts_adapters_to_the_bf16_base_unless_told_not_to(prepare_checks):
+    cast = prepare_checks("cast_adapters")
+    [note] = cast["warnings"]
+    assert note.startswith("cast 8 trainable fp32 tensors") and cast["adapter_dtypes"] == ["torch.bfloat16"]
+    kept = prepare_checks("keep_adapters")
+    assert kept["warnings"] == [] and kept["error"] is None and kept["adapter_dtypes"] == ["torch.float32"]
+
+
+def test_prepare_stops_non_reentrant_lora_checkpointing_only_before_the_deepspeed_fix(prepare_checks):
+    result = prepare_checks("lora_non_reentrant")
+    if frozen_recompute_fails():  # the floor's DeepSpeed: refused before the engine exists
+        assert "CheckpointError" in result["error"] and "checkpointing_enable(" in result["error"]
+        return
+    assert result["error"] is None
+    [problem] = result["0.19.2"]
+    assert model_checkpointing_call("{'use_reentrant': True}") in problem
+    assert result["0.19.3"] == []
+    quiet = prepare_checks("lora_reentrant")
+    assert quiet["error"] is None and quiet["0.19.2"] == [] and quiet["0.19.3"] == []
+
+
+def test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped(prepare_checks):
+    refused = prepare_checks("host_memory")
+    assert "of model states in host memory" in refused["error"] and "[check host-memory]" in refused["error"]
+    skipped = prepare_checks("host_memory_skipped")
+    assert skipped["error"] is None and ["model", "host-memory", "skipped"] in skipped["ran"]

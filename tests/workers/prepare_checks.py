@@ -1,0 +1,127 @@
+"""hf_zero.prepare's checks, each with a real Accelerator, a real DeepSpeed config and a real engine, in one process.
+
+The Accelerate door's twin of attach_checks.py: each scenario builds hf_zero.accelerator() with a DeepSpeed plugin, a
+model and an optimizer, calls hf_zero.prepare (which builds the engine unless a check refuses first), and records what
+the checks said (or the error raised) and what they changed; results go to OUT/prepare_checks.json, one entry per
+scenario, for tests/checks/test_doors.py.
+"""
+
+import argparse
+import json
+import traceback
+from pathlib import Path
+
+import psutil
+import torch
+from accelerate.utils import DeepSpeedPlugin
+from transformers import AutoModelForCausalLM
+
+import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
+import hf_zero
+from hf_zero.accelerate_loop import run_of
+from hf_zero.compat.hf_api import enable_model_checkpointing
+from hf_zero.trainer.gradient_checkpointing import recompute_problems
+
+
+def reset_accelerate():
+    """Each scenario's Accelerator has its own DeepSpeed plugin."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()  # noqa: the process group itself stays up
+    unset_hf_deepspeed_config()
+
+
+def config_of(preset: str, **zero) -> dict:
+    config = hf_zero.load_config(preset)
+    config["zero_optimization"].update(zero)
+    config["train_micro_batch_size_per_gpu"] = 2
+    config["gradient_accumulation_steps"] = 1
+    config.pop("train_batch_size", None)
+    return config
+
+
+def lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+
+def scenarios(model_path: str):
+    def load(dtype=torch.float32):
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+
+    def run(name, config, *, mixed_precision="no", load_first=False, adapt=None, checkpointing=None, extra=None,
+            accelerator_options=None, **prepare_options):
+        reset_accelerate()
+        dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
+        model = load(dtype) if load_first else None  # built whole, before the Accelerator's zero.Init exists
+        accelerator = None
+        try:
+            accelerator = hf_zero.accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
+                                              mixed_precision=mixed_precision, **(accelerator_options or {}))
+            model = model if model is not None else load(dtype)
+            if adapt:
+                model = adapt(model)
+            if checkpointing is not None:
+                enable_model_checkpointing(model, checkpointing)
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+            engine, _ = hf_zero.prepare(accelerator, model, optimizer, **prepare_options)
+            found = (extra or (lambda e, r: {}))(engine, run_of(accelerator))
+            result = {"warnings": run_of(accelerator).warnings, "error": None, **found}
+        except hf_zero.ConfigError as e:
+            result = {"warnings": run_of(accelerator).warnings if accelerator is not None else [], "error": str(e)}
+        if accelerator is not None and accelerator in hf_zero.accelerate_loop._RUNS:
+            result["ran"] = [list(entry) for entry in run_of(accelerator).ran]
+        return name, result
+
+    def adapter_dtypes(engine, _):
+        return {"adapter_dtypes": sorted({str(p.dtype) for p in engine.module.parameters() if p.requires_grad})}
+
+    def judged(engine, run):  # the real model and config, judged as two DeepSpeed releases would run them
+        return {version: recompute_problems(engine.module, run.config, run.checkpointing_kwargs or {}, version,
+                                            in_loop=True) for version in ("0.19.2", "0.19.3")}
+
+    yield run("zero2", config_of("zero2"))
+    yield run("config_warning", config_of("zero2", stage3_param_persistence_threshold=10))
+    yield run("built_whole", config_of("zero3"), load_first=True)
+    yield run("cast_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes)
+    yield run("keep_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes,
+              cast_adapters=False)
+    yield run("lora_non_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": False}, extra=judged)
+    yield run("lora_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": True}, extra=judged)
+    # a host smaller than the model states: the node's memory as psutil reports it, 1 MiB
+    real = psutil.virtual_memory
+    psutil.virtual_memory = lambda: real()._replace(total=2**20)
+    try:
+        yield run("host_memory", config_of("zero2_offload"))
+        yield run("host_memory_skipped", config_of("zero2_offload"), skip_checks=["host-memory"])
+    finally:
+        psutil.virtual_memory = real
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    opts = p.parse_args()
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_zero.init_distributed()
+    results = {}
+    try:
+        for name, result in scenarios(opts.model):
+            results[name] = result
+    except Exception:
+        results["crashed"] = traceback.format_exc()
+        raise
+    finally:
+        (out / "prepare_checks.json").write_text(json.dumps(results, indent=1))
+        hf_zero.shutdown()
+    print("hf_zero-test: worker finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
