@@ -58,7 +58,7 @@ _PUBLIC = {
     "zero_arguments": "trainer.training_args",
     "ZeroCallback": "trainer.callback",
 }
-_SUBMODULES = ("checkpoints", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
+_SUBMODULES = ("checkpoints", "checks", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 

@@ -41,7 +41,7 @@ def accelerator(*, skip_checks=(), **kwargs):
     On a CPU machine under ``accelerate launch`` with a DeepSpeed config (or with a ``deepspeed_plugin`` passed here,
     under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU
     first (gloo), as the Trainer does with ``use_cpu=True``. Then hf_zero.checks' config checks run on the live
-    DeepSpeed config, as ZeroCallback runs them for the Trainer (``skip_checks``: ids to leave out; docs/checks.md)."""
+    DeepSpeed config, as ZeroCallback runs them for the Trainer (``skip_checks``: ids to leave out; docs/run-checks.md)."""
     from accelerate import Accelerator, PartialState
 
     check_options(skip_checks=skip_checks)
@@ -79,23 +79,43 @@ _CLASSES = {}
 
 
 def _accelerator_class(base):
-    """``base`` (accelerate.Accelerator) with a ``prepare`` that gives a DummyOptim DeepSpeed's AdamW when the config
-    has no optimizer block; made on first use so that importing hf_zero does not import accelerate."""
+    """``base`` (accelerate.Accelerator) whose ``prepare`` runs hf_zero.checks' model and engine checks around the
+    engine it builds, as ``hf_zero.prepare`` does (with its default options), so Accelerate's own loop gets them with
+    the one-line glue; made on first use so that importing hf_zero does not import accelerate."""
     if base not in _CLASSES:
         class ZeroAccelerator(base):
-            def prepare(self, *args, **kwargs):
-                from accelerate.utils import DummyOptim
+            hf_zero_base = base
 
-                plugin = self.state.deepspeed_plugin
-                for obj in args:
-                    if plugin is not None and isinstance(obj, DummyOptim):
-                        note = deepspeed_adamw_for(plugin.deepspeed_config, obj)
-                        if note:
-                            logger.info("hf_zero: %s", note)
-                return super().prepare(*args, **kwargs)
+            def prepare(self, *args, **kwargs):
+                return _checked_prepare(self, base.prepare, args, kwargs, {}, ())
 
         _CLASSES[base] = ZeroAccelerator
     return _CLASSES[base]
+
+
+def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: dict, skip_checks):
+    """``base_prepare(accelerator, *objects, **kwargs)`` (Accelerate's own prepare) with hf_zero.checks' model
+    moment before it and its engine moment after it, when it builds a DeepSpeed engine (a model among ``objects``)."""
+    import torch
+    from accelerate.utils import DummyOptim
+
+    plugin = accelerator.state.deepspeed_plugin
+    model = next((obj for obj in objects if isinstance(obj, torch.nn.Module)), None)
+    if plugin is None or model is None:
+        return base_prepare(accelerator, *objects, **kwargs)
+    run = run_of(accelerator, skip_checks)  # hf_zero.accelerator() ran the config checks; a plain Accelerator here
+    run.skip = run.skip | frozenset(skip_checks)
+    run.options, run.model = options, model
+    run.loaders = [obj for obj in objects if isinstance(obj, torch.utils.data.DataLoader)]
+    raise_errors(run_moment(CHECKS, "model", run))
+    objects = [_with_preset_optimizer(run.config, obj) if isinstance(obj, (torch.optim.Optimizer, DummyOptim)) else obj
+               for obj in objects]
+    prepared = base_prepare(accelerator, *objects, **kwargs)
+    engine = next(obj for obj in (prepared if isinstance(prepared, tuple) else (prepared,))
+                  if isinstance(obj, torch.nn.Module))
+    run.engine, run.model = engine, accelerator.unwrap_model(engine)
+    raise_errors(run_moment(CHECKS, "engine", run))
+    return prepared
 
 
 def deepspeed_adamw_for(config: dict, optimizer) -> str | None:
@@ -148,7 +168,7 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
             divergence_check: str = "first_steps", vision_in_step: str = "keep", moe_leaves: str = "auto",
             cast_adapters: bool = True, offload_threads=AUTO, overlap_offload_copies: bool = True, skip_checks=()):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, with hf_zero.checks' list around it: the list
-    ZeroCallback runs for the Trainer (docs/checks.md). The model checks run before the engine is built (world size,
+    ZeroCallback runs for the Trainer (docs/run-checks.md). The model checks run before the engine is built (world size,
     parallel layout, host memory, LoRA and checkpointing under ZeRO-3, ...), the engine checks after it (DeepSpeed
     drives the model, every launched rank trains in it, ZeRO-3 partitioned it; the ZeRO-3 guards); errors of one
     moment are raised together (ConfigError). Returns what ``accelerator.prepare`` returns.
@@ -163,30 +183,17 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     It is opt-in here because a loop may read parameter tensors between ``optimizer.step()`` and the next forward;
     a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step first, and
     ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
-    import torch
-    from accelerate.utils import DummyOptim
-
     options = {"offload_step_in_forward": offload_step_in_forward, "offload_step_chunk": offload_step_chunk,
                "divergence_check": divergence_check, "vision_in_step": vision_in_step, "moe_leaves": moe_leaves,
                "cast_adapters": cast_adapters, "offload_threads": offload_threads,
                "overlap_offload_copies": overlap_offload_copies}
     check_options(offload_step_chunk=offload_step_chunk, divergence_check=divergence_check,
                   vision_in_step=vision_in_step, moe_leaves=moe_leaves, skip_checks=skip_checks)
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None:
+    if accelerator.state.deepspeed_plugin is None:
         return accelerator.prepare(model, *objects)
-    run = run_of(accelerator, skip_checks)  # hf_zero.accelerator() ran the config checks; a plain Accelerator here
-    run.skip = run.skip | frozenset(skip_checks)
-    run.options, run.model = options, model
-    run.loaders = [obj for obj in objects if isinstance(obj, torch.utils.data.DataLoader)]
-    raise_errors(run_moment(CHECKS, "model", run))
-    objects = [_with_preset_optimizer(run.config, obj) if isinstance(obj, (torch.optim.Optimizer, DummyOptim)) else obj
-               for obj in objects]
-    prepared = accelerator.prepare(model, *objects)
-    engine = prepared[0] if isinstance(prepared, tuple) else prepared
-    run.engine, run.model = engine, accelerator.unwrap_model(engine)
-    raise_errors(run_moment(CHECKS, "engine", run))
-    return prepared
+    # the class's own prepare; for an Accelerator from hf_zero.accelerator(), Accelerate's (its own runs the checks)
+    base = getattr(type(accelerator), "hf_zero_base", type(accelerator))
+    return _checked_prepare(accelerator, base.prepare, (model, *objects), {}, options, skip_checks)
 
 
 def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arrival_timeout_s: float = SAVE_ARRIVAL_TIMEOUT_S) -> Path:

@@ -155,3 +155,36 @@ def check_loader_batches(loader, sp: int) -> None:
     inner = getattr(loader, "base_dataloader", loader)
     if not isinstance(inner.collate_fn, SequenceParallelBatches):
         inner.collate_fn = SequenceParallelBatches(inner.collate_fn, sp)
+
+
+def loss_over_sequence_shards(engine, accelerator) -> str | None:
+    """Under Ulysses in a user's Accelerate loop, make ``engine(**batch).loss`` the loss the Trainer trains on.
+
+    DeepSpeed's dataloader adapter gives each rank a shard of every sequence, with ``shift_labels`` in place of
+    ``labels``, so the model alone returns no loss; Accelerate's sequence-parallelism guide asks each loop to gather
+    the shards' losses itself. transformers' own function for the Trainer does it (weighted by each shard's tokens,
+    with the gradient scaling of the installed DeepSpeed); the engine's forward calls it for training batches that
+    carry ``shift_labels`` and no ``labels``. Returns a note when transformers lacks it, else None."""
+    from .compat.hf_api import sequence_parallel_loss
+
+    compute = sequence_parallel_loss()
+    if compute is None:
+        return ("this transformers has no sequence-parallel loss (deepspeed_sp_compute_loss): the loop's model returns "
+                "no loss under Ulysses. Fix: upgrade transformers, or gather the shards' losses as Accelerate's "
+                "sequence-parallelism guide shows.")
+    forward = engine.forward
+    if getattr(forward, "hf_zero_sp_loss", False):
+        return None
+
+    def forward_with_sequence_loss(*args, **inputs):
+        if args or not engine.training or "shift_labels" not in inputs or "labels" in inputs:
+            return forward(*args, **inputs)
+        # the adapter slices each row of a batch: with 2+ rows a shard is not contiguous, and the loss views it flat
+        inputs["shift_labels"] = inputs["shift_labels"].contiguous()
+        loss, outputs = compute(accelerator, forward, inputs, True, accelerator.parallelism_config)
+        outputs["loss"] = loss
+        return outputs
+
+    forward_with_sequence_loss.hf_zero_sp_loss = True
+    engine.forward = forward_with_sequence_loss  # an instance attribute: nn.Module.__call__ finds it first
+    return None

@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 
-from hf_zero.config.dotted import accumulates_in_fp32
 from hf_zero.distributed import free_port, gpu_count
 from hf_zero.errors import ConfigError
-from hf_zero.planner import GIB, ModelShape, RunShape, estimate, zero3_placement_of
+from hf_zero.planner import GIB, ModelShape, RunShape, estimate, run_of_config
 from hf_zero.model_configs import build_config, flops_per_token, params_text, resolve_model
 from .setups import Setup, reduce_bucket, select
 
@@ -256,13 +255,13 @@ def planner_row(setup, shape: ModelShape, opts: Options, row: dict) -> dict:
     name = setup.planner_setup
     if name is None:
         return {"setup": None, "note": setup.planner_gap}
-    run = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
-                   gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
-                   bucket=reduce_bucket(setup, shape.hidden), compiled=bool(setup.args.get("torch_compile")),
-                   accumulation=int(setup.args.get("gradient_accumulation_steps", 1)),
-                   fp32_accumulation=accumulates_in_fp32(setup.deepspeed or {}),
-                   **zero3_placement_of(setup.deepspeed or {}),
-                   long_context=tuple(part for part, on in setup.long_context.items() if on))
+    launch = RunShape(gpus_per_node=opts.nproc, seq=opts.seq, micro_batch=setup.micro_batch,
+                      gradient_checkpointing=setup.gradient_checkpointing, dtype="bf16",
+                      compiled=bool(setup.args.get("torch_compile")),
+                      accumulation=int(setup.args.get("gradient_accumulation_steps", 1)),
+                      long_context=tuple(part for part, on in setup.long_context.items() if on))
+    # what the config's keys set, as hf-zero plan --config reads them; an "auto" bucket is what the Trainer fills
+    run = replace(run_of_config(launch, setup.deepspeed or {}), bucket=reduce_bucket(setup, shape.hidden))
     if setup.lora:
         run.lora_r, run.lora_targets = setup.lora.get("r", 8), setup.lora_targets(shape.model_type)  # peft's default r is 8
         # the dtype the engine trained the adapter in; rows measured before the bench recorded it (and before

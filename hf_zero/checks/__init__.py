@@ -1,5 +1,5 @@
 """The checks both front doors run (ZeroCallback for the Trainer, hf_zero.prepare for an Accelerate loop): one list,
-each check with an id, a moment, a severity and a way to turn it off (docs/checks.md)."""
+each check with an id, a moment, a severity and a way to turn it off (docs/run-checks.md)."""
 
 from .catalog import CHECK_IDS, CHECKS
 from .context import DOORS, RunContext

@@ -2,7 +2,7 @@
 
 Adding a check: write its function here (it reads a RunContext and returns lines, [] when quiet), add one Check line
 to CHECKS, and give it a test where it fires and one where it stays quiet (tests/checks/test_catalog.py names both
-for every id); docs/checks.md lists it.
+for every id); docs/run-checks.md lists it.
 """
 
 import os
@@ -10,13 +10,15 @@ import os
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..config.dotted import offload_devices
-from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save
+from ..compat.deepspeed_api import leaf_granularity
+from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
 from ..engine_checks import engine_problems, layout_problems, training_alone
 from ..engine_fixes import offload_fixes_applied
 from ..offload_threads import AUTO, threads_for_offload
-from ..sequence_parallel import attention_head_counts, check_batches_of, check_loader_batches, sequence_parallel_problems
+from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
+                                 loss_over_sequence_shards, sequence_parallel_problems)
 from ..trainer.gradient_checkpointing import (default_checkpointing_kwargs, recompute_problems,
                                               set_gradient_checkpointing_kwargs)
 from ..trainer.memory import host_memory_problem_of
@@ -111,6 +113,23 @@ def _frozen(run) -> list:
     return [p for p in run.model.parameters() if not p.requires_grad] if run.stage == 3 else []
 
 
+def whole_model_leaf(run) -> list:
+    """Under ZeRO-3, a leaf-module threshold that would make the whole model one leaf is turned off: DeepSpeed would
+    gather every weight for each forward, and on one H200 such runs did not train."""
+    threshold = leaf_threshold(run.config)
+    if run.stage != 3 or threshold is None:
+        return []
+    layers, params, granularity = leaf_granularity(run.model, full_numel)
+    if granularity is None or granularity > threshold:
+        return []
+    note = no_leaf_modules(run.config, because=(
+        f"it would make the whole model ({params / 1e6:.1f}M parameters over {layers} modules, {granularity:,} per "
+        "module) one ZeRO-3 leaf, gathered whole for every forward; on one H200 such runs did not train (the loss "
+        "after two updates equal to the first, hf_zero's docs, presets.md). The threshold pays off for models of "
+        "1B parameters and more, whose whole model it leaves alone"))
+    return [note] if note else []
+
+
 def frozen_weights_leaves(run) -> list:
     """Under ZeRO-3 with frozen weights (LoRA), no leaf modules: DeepSpeed loses a leaf's frozen weights."""
     note = no_leaf_modules_with_frozen_weights(run.model, run.config) if _frozen(run) else None
@@ -196,6 +215,16 @@ def engine_drives(run) -> list:
     return engine_problems(run.engine, run.model, run.stage, run.launched, sp=sp, tp=tp)
 
 
+def sequence_parallel_loss(run) -> list:
+    """Under Ulysses in an Accelerate loop, the model's loss is the loss over every shard of the sequence, as the
+    Trainer computes it (the Trainer computes its own)."""
+    sp, _ = run.sp_tp
+    if sp <= 1 or run.trainer is not None:
+        return []
+    note = loss_over_sequence_shards(run.engine, run.accelerator)
+    return [note] if note else []
+
+
 def cache_off_while_checkpointing(run) -> list:
     """With checkpointing, the model's use_cache goes off (a KV cache is useless there and warns every step)."""
     config = getattr(run.model, "config", None)
@@ -260,6 +289,8 @@ CHECKS = (
     Check("offload-threads", "model", "warning", offload_threads, "the CPU optimizer gets this process's cores",
           off="offload_threads=None"),
     Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
+    Check("whole-model-leaf", "model", "warning", whole_model_leaf,
+          "ZeRO-3: a leaf-module threshold that would make the whole model one leaf is set to 0"),
     Check("frozen-weights-leaves", "model", "warning", frozen_weights_leaves,
           "ZeRO-3 with frozen weights: no leaf modules"),
     Check("adapter-dtype", "model", "warning", adapter_dtype, "ZeRO-3 LoRA adapters train in the base's 16-bit dtype",
@@ -276,6 +307,8 @@ CHECKS = (
     Check("batch-padding", "model", "warning", batch_padding, "on GPUs, padding collators pad to a multiple of 64"),
     Check("engine-drives", "engine", "error", engine_drives,
           "DeepSpeed drives the model on the launched world; ZeRO-3 partitioned it", gate=True),
+    Check("sequence-parallel-loss", "engine", "warning", sequence_parallel_loss,
+          "under Ulysses in a loop, the model's loss covers every shard of the sequence"),
     Check("cache-off-while-checkpointing", "engine", "info", cache_off_while_checkpointing,
           "use_cache off while checkpointing"),
     Check("offload-step-fixes", "engine", "info", offload_step_fixes,

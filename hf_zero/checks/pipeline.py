@@ -33,7 +33,7 @@ class Check:
     moment: str
     severity: str  # "error" refuses the run; "warning" is said at WARNING; "info" is logged on rank 0
     run: Callable
-    summary: str  # what it checks or fixes, one line for docs/checks.md
+    summary: str  # what it checks or fixes, one line for docs/run-checks.md
     off: str = ""  # the option that turns it off where one exists; every check also goes with skip_checks=[id]
     gate: bool = False  # its errors stop the moment before later checks read what it refused
 

@@ -170,3 +170,30 @@ def set_leaf(module) -> None:
     from deepspeed.utils import set_z3_leaf_module
 
     set_z3_leaf_module(module, True)
+
+
+# DeepSpeed 0.19.8's stage3_module_granularity_threshold (runtime/zero/parameter_offload.py): a module's granularity is
+# its parameters over its "layers" (each module with parameters, containers not counted), none above 1e9 parameters;
+# modules at or under the threshold become ZeRO-3 leaves, parents first.
+LEAF_SIZE_CAP = 1e9
+
+
+def leaf_granularity(module, numel) -> tuple:
+    """(layers, parameters, granularity) of ``module`` as DeepSpeed's threshold rule counts them; ``numel(param)`` gives
+    a parameter's full size (a ZeRO-3 partition's too). The granularity is None where DeepSpeed never makes a leaf."""
+    import torch
+
+    own = sum(numel(p) for p in module.parameters(recurse=False))
+    if not any(True for _ in module.parameters()):
+        return 0, 0, None
+    children = list(module.children())
+    if not children:
+        return 1, own, None
+    layers, params = 0, own
+    for child in children:
+        child_layers, child_params, _ = leaf_granularity(child, numel)
+        layers, params = layers + child_layers, params + child_params
+    if type(module).__name__ in torch.nn.modules.container.__all__:
+        return layers, params, None
+    layers += 1
+    return layers, params, (params // layers if params <= LEAF_SIZE_CAP else None)

@@ -113,3 +113,12 @@ def set_allocator_settings(settings: str) -> None:
 
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     setter(settings)
+
+
+# ---- transformers: the loss under Ulysses sequence parallelism -------------------------------------------------------
+def sequence_parallel_loss():
+    """transformers' token-weighted loss over the sequence-parallel group (the Trainer's under Ulysses, with the
+    gradient scaling each DeepSpeed release needs), or None for a release without it."""
+    from transformers.integrations import deepspeed
+
+    return getattr(deepspeed, "deepspeed_sp_compute_loss", None)

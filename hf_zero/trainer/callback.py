@@ -53,9 +53,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     DeepSpeed engine exists: when the Trainer is built (callbacks=[...]), when attached, or, added later, when
     ``trainer.train()`` starts.
 
-    It runs hf_zero.checks' list, the one ``hf_zero.prepare`` runs in an Accelerate loop (docs/checks.md names each
-    check, its moment and its off-switch): the config before anything is built, the model and the launch before the
-    engine, the engine at train begin, each checkpoint at save. Errors from one moment are raised together
+    It runs hf_zero.checks' list, the one ``hf_zero.prepare`` runs in an Accelerate loop (docs/run-checks.md names
+    each check, its moment and its off-switch): the config before anything is built, the model and the launch before
+    the engine, the engine at train begin, each checkpoint at save. Errors from one moment are raised together
     (ConfigError); ``skip_checks=[id, ...]`` turns checks off by id. Options:
     ``force_gather_on_save=False`` refuses a ZeRO-3 config that saves shards instead of turning gathering on;
     ``cast_adapters=False`` keeps a 16-bit base's LoRA adapters fp32 under ZeRO-3; ``offload_threads`` ("auto", a

@@ -4,11 +4,13 @@ the test files), the docs list every check, and the options that turn checks off
 import ast
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import REPO
 from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options
-from hf_zero.checks.catalog import cache_off_while_checkpointing, generation_in_step
+from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, sequence_parallel_loss,
+                                    whole_model_leaf)
 from hf_zero.compat.hf_api import enable_model_checkpointing
 from hf_zero.errors import ConfigError
 
@@ -40,6 +42,8 @@ COVERAGE = {
     "single-process": (["trainer/test_callback.py::test_warns_that_zero_on_one_process_shards_nothing",
                         "checks/test_doors.py::test_prepare_says_that_zero_on_one_process_shards_nothing"],
                        ["trainer/test_callback.py::test_quiet_about_one_process_when_states_are_offloaded"]),
+    "whole-model-leaf": (["checks/test_catalog.py::test_a_threshold_that_makes_the_whole_model_one_leaf_is_turned_off"],
+                         ["checks/test_catalog.py::test_a_threshold_that_makes_decoder_layers_leaves_is_kept"]),
     "frozen-weights-leaves": (["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"],
                               ["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"]),
     "adapter-dtype": (["trainer/test_callback.py::test_adapters_cast_to_the_bf16_base_by_default",
@@ -71,6 +75,9 @@ COVERAGE = {
     "engine-drives": (["trainer/test_callback.py::test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp",
                        "trainer/test_callback.py::test_fires_when_stage3_is_configured_but_the_engine_did_not_partition"],
                       ["trainer/test_callback.py::test_quiet_engine_check_on_a_real_engine"]),
+    "sequence-parallel-loss": (["multiproc/test_accelerate_readme_loop.py::"
+                                "test_readme_loop_under_the_sequence_parallel_yaml_trains_on_the_whole_sequences_loss"],
+                               ["checks/test_catalog.py::test_the_loss_is_left_alone_without_sequence_parallelism"]),
     "cache-off-while-checkpointing": (["checks/test_catalog.py::test_use_cache_goes_off_only_while_checkpointing"],
                                       ["checks/test_catalog.py::test_use_cache_goes_off_only_while_checkpointing"]),
     "offload-step-fixes": (["trainer/test_offload_overflow.py::test_fix_applied_under_offload_and_trains_the_same_bits",
@@ -158,3 +165,42 @@ def test_model_checkpointing_kwargs_are_read_from_the_model():
     assert model_checkpointing_kwargs(model) is None
     enable_model_checkpointing(model, {"use_reentrant": True})
     assert model_checkpointing_kwargs(model) == {"use_reentrant": True}
+
+
+def test_the_loss_is_left_alone_without_sequence_parallelism():
+    model = _tiny_model()
+    forward = model.forward
+    assert sequence_parallel_loss(RunContext("accelerate", {"zero_optimization": {"stage": 3}}, engine=model)) == []
+    assert model.forward == forward
+
+
+def _zero3_preset():
+    import hf_zero
+
+    config = hf_zero.load_config("zero3")
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000
+    return config
+
+
+def test_a_threshold_that_makes_the_whole_model_one_leaf_is_turned_off():
+    # the tiny Llama: far fewer parameters per module than the preset's 5e6
+    config = _zero3_preset()
+    [note] = whole_model_leaf(RunContext("trainer", config, model=_tiny_model()))
+    assert "whole model" in note and "did not train" in note
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+
+
+def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
+    # the 1.35B benchmark model (on the meta device): above DeepSpeed's 1e9 cap the whole model never becomes a leaf,
+    # its decoder layers (4.2M parameters per module) do, as the preset was measured
+    from transformers import AutoModelForCausalLM
+
+    from hf_zero.model_configs import build_config, resolve_model
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build_config(resolve_model("1.35b")[1]))
+    config = _zero3_preset()
+    assert whole_model_leaf(RunContext("trainer", config, model=model)) == []
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000
+    stage2 = {"zero_optimization": {"stage": 2}}
+    assert whole_model_leaf(RunContext("trainer", stage2, model=_tiny_model())) == []

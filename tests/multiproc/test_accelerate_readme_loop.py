@@ -71,6 +71,26 @@ def test_readme_loop_with_torch_adamw_under_each_yaml(tiny_models, tmp_path, pre
     assert_reload_bitwise(out)
 
 
+def test_readme_loop_under_the_sequence_parallel_yaml_trains_on_the_whole_sequences_loss(tiny_models, tmp_path):
+    # zero3_sp: the zero3 preset with Ulysses over both processes. The loop is unchanged: hf_zero.accelerator()'s
+    # prepare adds the batches' position_ids and makes model(**batch).loss the loss over both shards of a sequence
+    result, out = _run(tiny_models, tmp_path, YAMLS / "zero3_sp.yaml")
+    assert result["engine"] == "DeepSpeedEngine" and result["zero_stage"] == 3
+    assert result["sequence_parallel_size"] == 2 and result["optimizer"] == "AdamW"
+    # each rank's first loss is the loss of rank 0's first batch, whole sequences, as one process computes it
+    # (the loop's data: 4 sequences of 16 tokens from seed 0, batches of 2; the adapter trains rank 0's first)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama"], dtype=torch.float32)
+    ids = torch.randint(3, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))[:2]
+    with torch.no_grad():
+        whole = model(input_ids=ids, labels=ids).loss.item()
+    assert result["losses_per_rank"] == [pytest.approx(whole, rel=1e-5)] * 2
+    assert result["losses"][-1] < result["losses"][0]
+    assert_reload_bitwise(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, optimizer", [("zero3", "FusedAdam"), ("zero2_offload", "DeepSpeedCPUAdam")])
 def test_readme_loop_with_dummy_optim_gets_deepspeeds_adamw(tiny_models, tmp_path, preset, optimizer):

@@ -8,6 +8,7 @@ config) and the engine's gathered weights (expected.safetensors) next to the sav
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +19,13 @@ from transformers import AutoModelForCausalLM
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
 
-Accelerator = hf_zero.accelerator  # noqa: F811  (the one-line CPU glue; on GPUs the script runs without it)
+if "--plain" not in sys.argv:  # the README loop as it stands, with no hf_zero line (on GPUs it runs so)
+    Accelerator = hf_zero.accelerator  # noqa: F811  (the one-line CPU glue; on GPUs the script runs without it)
+
+
+def gathered_first_losses(accelerator, first: float) -> list:
+    """Each rank's first loss, as every rank sees it (a collective)."""
+    return accelerator.gather(torch.tensor([first], device=accelerator.device)).tolist()
 
 
 def main():
@@ -27,6 +34,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--optimizer", choices=["torch", "dummy"], default="torch")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--plain", action="store_true", help="accelerate.Accelerator, without hf_zero.accelerator()")
     opts = p.parse_args()
 
     accelerator = Accelerator()
@@ -42,7 +50,7 @@ def main():
 
     model, optimizer, data = accelerator.prepare(model, optimizer, data)
 
-    losses = []
+    losses, mine = [], []
     model.train()
     for step, batch in enumerate(data):
         loss = model(**batch).loss
@@ -50,6 +58,7 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+        mine.append(loss.item())
         if step + 1 == opts.steps:
             break
 
@@ -59,6 +68,7 @@ def main():
     accelerator.unwrap_model(model).save_pretrained(out / "final", state_dict=state_dict,
                                                     is_main_process=accelerator.is_main_process,
                                                     save_function=accelerator.save)
+    first_losses = [round(x, 6) for x in gathered_first_losses(accelerator, mine[0])]
     if accelerator.is_main_process:
         from safetensors.torch import save_file
 
@@ -68,7 +78,8 @@ def main():
         result = {"losses": losses, "engine": type(model).__name__, "dp_world_size": model.dp_world_size,
                   "zero_stage": model.zero_optimization_stage(), "optimizer": type(basic).__name__,
                   "betas": list(basic.param_groups[0]["betas"]), "eps": basic.param_groups[0]["eps"],
-                  "zero_config": zero}
+                  "zero_config": zero, "sequence_parallel_size": getattr(model, "sequence_parallel_size", 1),
+                  "losses_per_rank": first_losses}
         (out / "result.json").write_text(json.dumps(result, indent=1))
     accelerator.wait_for_everyone()
     hf_zero.shutdown()
