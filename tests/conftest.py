@@ -264,3 +264,18 @@ def accelerate_zero3_loop(tiny_models, tmp_path_factory):
     run_worker(["--model", tiny_models["llama"], "--out", out], nproc=2, launcher="accelerate:recipes/accelerate/zero3.yaml",
                script=REPO / "tests" / "workers" / "train_accelerate.py")
     return out
+
+
+def scenario_results(script: Path, model_path, out: Path, *, left_out=(), timeout=600):
+    """Run a one-process scenario worker (tests/workers/scenario_runner.py) and return ``scenario(name)``: that
+    scenario's result with the warnings that contain any of ``left_out`` taken out (``scenario.raw`` keeps all)."""
+    run_worker(["--model", model_path, "--out", out], script=script, timeout=timeout)
+    results = json.loads((out / f"{script.stem}.json").read_text())
+
+    def scenario(name):
+        result = dict(results[name])
+        result["warnings"] = [w for w in result["warnings"] if not any(text in w for text in left_out)]
+        return result
+
+    scenario.raw = results
+    return scenario

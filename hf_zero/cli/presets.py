@@ -1,4 +1,4 @@
-"""``hf-zero presets [NAME]``: list the presets, or print / write one (``hf-zero recipes`` is an alias)."""
+"""``hf-zero presets [NAME]``: list the presets, or print / write one."""
 
 import json
 import sys

@@ -2,11 +2,9 @@
 every check of hf_zero.checks, in the same order, and the checks the Accelerate door gained fire and stay quiet there
 as they do for the Trainer."""
 
-import json
-
 import pytest
 
-from conftest import REPO, read_result, run_worker
+from conftest import REPO, read_result, scenario_results
 from hf_zero.checks import CHECKS
 from hf_zero.compat.deepspeed_api import frozen_recompute_fails
 from hf_zero.compat.hf_api import model_checkpointing_call
@@ -48,17 +46,8 @@ def test_the_list_is_checked_as_each_door_defines_it():
 
 @pytest.fixture(scope="module")
 def prepare_checks(tiny_models, tmp_path_factory):
-    out = tmp_path_factory.mktemp("prepare_checks")
-    run_worker(["--model", tiny_models["llama"], "--out", out], script=PREPARE_WORKER, timeout=600)
-    results = json.loads((out / "prepare_checks.json").read_text())
-
-    def scenario(name):
-        result = dict(results[name])
-        result["warnings"] = [w for w in result["warnings"] if SHARDS_NOTHING not in w and GPU_ONLY not in w]
-        return result
-
-    scenario.raw = results
-    return scenario
+    return scenario_results(PREPARE_WORKER, tiny_models["llama"], tmp_path_factory.mktemp("prepare_checks"),
+                            left_out=[SHARDS_NOTHING, GPU_ONLY])
 
 
 def test_prepare_says_that_zero_on_one_process_shards_nothing(prepare_checks):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import assert_reload_bitwise, read_result, run_lora, run_worker
+from conftest import assert_reload_bitwise, read_result, run_lora, run_worker, scenario_results
 from hf_zero.compat.deepspeed_api import frozen_recompute_fails
 
 pytestmark = pytest.mark.multiproc
@@ -198,16 +198,8 @@ SHARDS_NOTHING = "on a single process shards nothing"  # said in every 1-process
 @pytest.fixture(scope="module")
 def attach_checks(tiny_models, tmp_path_factory):
     # peft is in the test extra: the worker imports it, and fails (not skips) without it
-    out = tmp_path_factory.mktemp("attach_checks")
-    run_worker(["--model", tiny_models["llama"], "--out", out], script=ATTACH_WORKER, timeout=300)
-    results = json.loads((out / "attach_checks.json").read_text())
-
-    def scenario(name):
-        result = dict(results[name])
-        result["warnings"] = [w for w in result["warnings"] if SHARDS_NOTHING not in w]
-        return result
-
-    return scenario
+    return scenario_results(ATTACH_WORKER, tiny_models["llama"], tmp_path_factory.mktemp("attach_checks"),
+                            left_out=[SHARDS_NOTHING], timeout=300)
 
 
 GPU_ONLY_NOTE = "stage3_module_granularity_threshold set to 0: DeepSpeed's leaf-module fast path works only on GPUs"

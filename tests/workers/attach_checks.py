@@ -6,9 +6,7 @@ warnings (or the error it raised) and what it changed; the results go to OUT/att
 entry per scenario, for tests/trainer/test_callback.py.
 """
 
-import argparse
 import json
-import traceback
 from pathlib import Path
 
 import psutil
@@ -21,6 +19,7 @@ import hf_zero
 from hf_zero.compat.hf_api import checkpointing_arg_name
 from hf_zero.config.live import deepspeed_config_of
 from hf_zero.trainer import default_checkpointing_kwargs, gradient_checkpointing_kwargs, peft_recompute_problems
+from scenario_runner import main, reset_accelerate
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -30,17 +29,6 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, i):
         ids = torch.arange(3, 19)
         return {"input_ids": ids, "labels": ids.clone()}
-
-
-def reset_accelerate():
-    """Each scenario's Trainer builds its own Accelerator with its own DeepSpeed plugin."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()  # noqa: the process group itself stays up
-    unset_hf_deepspeed_config()
 
 
 def config_file(out: Path, name: str, preset: str, **zero) -> str:
@@ -157,26 +145,5 @@ def scenarios(model_path: str, out: Path):
         psutil.virtual_memory = real
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--out", required=True)
-    opts = p.parse_args()
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_zero.init_distributed()
-    results = {}
-    try:
-        for name, result in scenarios(opts.model, out):
-            results[name] = result
-    except Exception:
-        results["crashed"] = traceback.format_exc()
-        raise
-    finally:
-        (out / "attach_checks.json").write_text(json.dumps(results, indent=1))
-        hf_zero.shutdown()
-    print("hf_zero-test: worker finished", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    main(scenarios, "attach_checks.json")

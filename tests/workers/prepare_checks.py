@@ -6,11 +6,6 @@ the checks said (or the error raised) and what they changed; results go to OUT/p
 scenario, for tests/checks/test_doors.py.
 """
 
-import argparse
-import json
-import traceback
-from pathlib import Path
-
 import psutil
 import torch
 from accelerate.utils import DeepSpeedPlugin
@@ -21,17 +16,7 @@ import hf_zero
 from hf_zero.accelerate_loop import run_of
 from hf_zero.compat.hf_api import enable_model_checkpointing
 from hf_zero.trainer.gradient_checkpointing import recompute_problems
-
-
-def reset_accelerate():
-    """Each scenario's Accelerator has its own DeepSpeed plugin."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()  # noqa: the process group itself stays up
-    unset_hf_deepspeed_config()
+from scenario_runner import main, reset_accelerate
 
 
 def config_of(preset: str, **zero) -> dict:
@@ -49,7 +34,7 @@ def lora(model):
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 
 
-def scenarios(model_path: str):
+def scenarios(model_path: str, out):
     def load(dtype=torch.float32):
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
 
@@ -102,26 +87,5 @@ def scenarios(model_path: str):
         psutil.virtual_memory = real
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--out", required=True)
-    opts = p.parse_args()
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_zero.init_distributed()
-    results = {}
-    try:
-        for name, result in scenarios(opts.model):
-            results[name] = result
-    except Exception:
-        results["crashed"] = traceback.format_exc()
-        raise
-    finally:
-        (out / "prepare_checks.json").write_text(json.dumps(results, indent=1))
-        hf_zero.shutdown()
-    print("hf_zero-test: worker finished", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    main(scenarios, "prepare_checks.json")
