@@ -1,5 +1,6 @@
 """hf_zero in a user's own Accelerate loop: an Accelerator DeepSpeed really drives, the "auto" values only the
-Trainer fills, the Trainer's checks, and a save that reloads with ``from_pretrained``.
+Trainer fills, the checks ZeroCallback runs for the Trainer (hf_zero.checks), and a save that reloads with
+``from_pretrained``.
 
     accelerator = hf_zero.accelerator()          # accelerate launch --config_file recipes/accelerate/zero3.yaml
     model = AutoModelForCausalLM.from_pretrained(path)   # partitioned by zero.Init under ZeRO-3
@@ -35,8 +36,11 @@ SAVE_ARRIVAL_TIMEOUT_S = 120
 def accelerator(*, skip_checks=(), **kwargs):
     """``accelerate.Accelerator(**kwargs)`` that DeepSpeed drives on GPU and CPU machines alike.
 
-    Its ``prepare`` also takes a DummyOptim with a config that names no optimizer (the presets): DeepSpeed's AdamW
-    with the DummyOptim's lr, weight_decay, betas and eps (see ``deepspeed_adamw_for``).
+    Its ``prepare`` runs hf_zero.checks' model and engine checks around the engine it builds, as ``hf_zero.prepare``
+    does with its default options, so Accelerate's own loop gets them unchanged; it also takes a DummyOptim with a
+    config that names no optimizer (the presets): DeepSpeed's AdamW with the DummyOptim's lr, weight_decay, betas and
+    eps (see ``deepspeed_adamw_for``). Under Ulysses sequence parallelism, the engine's ``model(**batch).loss`` is
+    the loss over every shard of the sequences (hf_zero.sequence_parallel.loss_over_sequence_shards).
 
     On a CPU machine under ``accelerate launch`` with a DeepSpeed config (or with a ``deepspeed_plugin`` passed here,
     under any launcher), Accelerate alone gives each rank a world of one; the process state is started on the CPU
