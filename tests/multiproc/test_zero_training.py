@@ -114,16 +114,7 @@ def test_launchers(tiny_models, tmp_path, launcher):
     assert_reload_bitwise(tmp_path)
 
 
-# The planner's ZeRO-1/2 terms were measured with DeepSpeed's FusedAdam (the presets' former optimizer block). With
-# the Trainer's torch AdamW these runs hold about 4 more bytes per parameter per rank than the planner counts
-# (2 ranks: 1,504,760 measured, 1,281,792 planned; 1 rank: 2,572,148 and 2,136,320); which tensor that is is not yet
-# known, so these cases are expected to fail until the planner counts it.
-_TORCH_ADAMW_GAP = pytest.mark.xfail(strict=True, reason="ZeRO-1/2 with torch AdamW: 4 bytes/parameter/rank unplanned")
-PLANNER_RUNS = [pytest.param(*getattr(run, "values", run), marks=[*getattr(run, "marks", ()), _TORCH_ADAMW_GAP])
-                if getattr(run, "values", run)[0] in ("zero1", "zero2") else run for run in STAGE_RUNS]
-
-
-@pytest.mark.parametrize("preset, nproc", PLANNER_RUNS)
+@pytest.mark.parametrize("preset, nproc", STAGE_RUNS)
 def test_planner_model_states_match_what_deepspeed_allocates(trained, tiny_models, preset, nproc):
     """On CPU the bytes are countable: every live tensor just before DeepSpeed's optimizer step
     (gradients, master weights, Adam states and ZeRO's buffers; the activations are gone)."""
