@@ -13,10 +13,10 @@ from .errors import ConfigError
 logger = logging.getLogger("hf_zero")
 
 
-def active_parallelism_config(trainer=None, args=None):
-    """The ParallelismConfig the run uses: the Trainer's Accelerator holds it (from TrainingArguments(
-    parallelism_config=...) or, under ``accelerate launch`` with a parallelism_config block, from the environment)."""
-    accelerator = getattr(trainer, "accelerator", None)
+def active_parallelism_config(accelerator=None, args=None):
+    """The ParallelismConfig the run uses: the Accelerator holds it (the Trainer's, from TrainingArguments(
+    parallelism_config=...) or, under ``accelerate launch`` with a parallelism_config block, from the environment; or
+    the one a loop built); else the arguments' own."""
     config = getattr(accelerator, "parallelism_config", None)
     return config if config is not None else getattr(args, "parallelism_config", None)
 

@@ -8,6 +8,7 @@ from ..compat.hf_api import checkpointing_kwargs, checkpointing_on, model_checkp
 from ..config.dotted import half_precision, zero_stage
 from ..distributed import has_gpu, is_main_process, world_size
 from ..engine_checks import parallel_sizes
+from ..sequence_parallel import active_parallelism_config
 
 logger = logging.getLogger("hf_zero")
 
@@ -61,10 +62,8 @@ class RunContext:
 
     @property
     def parallelism(self):
-        """Accelerate's ParallelismConfig: the Accelerator holds it (from TrainingArguments(parallelism_config=...),
-        from ``accelerate launch``'s config, or given to the loop's Accelerator)."""
-        found = getattr(self.accelerator, "parallelism_config", None)
-        return found if found is not None else getattr(self.args, "parallelism_config", None)
+        """Accelerate's ParallelismConfig, the Trainer's or the loop's."""
+        return active_parallelism_config(self.accelerator, self.args)
 
     @property
     def sp_tp(self) -> tuple:

@@ -203,11 +203,14 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     # ---- the checks: hf_zero.checks, the same list hf_zero.prepare runs ---------------------------------------
     def _run_of(self, trainer, config: dict) -> RunContext:
+        """The run hf_zero.checks sees; ``trainer`` is None only for a save of a callback that never found its Trainer
+        (that moment reads the folder and the model it is given)."""
         if self.run is None:
+            args = getattr(trainer, "args", None)
             self.run = RunContext("trainer", config, options=self.options, skip=frozenset(self.skip_checks),
-                                  model=trainer.model, args=trainer.args, trainer=trainer,
+                                  model=getattr(trainer, "model", None), args=args, trainer=trainer,
                                   accelerator=getattr(trainer, "accelerator", None),
-                                  compiled=bool(getattr(trainer.args, "torch_compile", False)), warnings=self.warnings)
+                                  compiled=bool(getattr(args, "torch_compile", False)), warnings=self.warnings)
         return self.run
 
     def _before_engine(self, trainer) -> None:
