@@ -41,3 +41,19 @@ def test_wheel_carries_every_module_and_preset_and_no_results(tmp_path):
     # the benchmark harness (with its release targets) stays in the repository, as does any module-path shim
     harness = sorted(n for n in names if n.startswith(("hf_zero/bench/", "benchmarks/")) or "moved_modules" in n)
     assert not harness, f"repository-only code inside the wheel: {harness[:5]}"
+
+
+def declared_packages():
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    return set(setup["options"]["packages"].split())
+
+
+def test_setup_cfg_declares_every_subpackage():
+    """The quick form of the wheel test, in make test: setup.cfg lists its packages by name, and an editable
+    install imports a package it leaves out, so only a built wheel would show the gap."""
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "hf_zero").rglob("__init__.py")}
+    missing = sorted(folders - declared_packages())
+    assert not missing, f"packages setup.cfg does not list (add them under [options] packages): {missing}"
