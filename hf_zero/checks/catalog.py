@@ -10,7 +10,7 @@ import os
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..config.dotted import offload_devices
-from ..compat.deepspeed_api import leaf_granularity
+from ..compat.deepspeed_api import set_leaf, threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
@@ -26,6 +26,7 @@ from ..trainer.padding import padding_advice
 from ..trainer.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
+from ..zero3.leaves import returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
@@ -113,27 +114,42 @@ def _frozen(run) -> list:
     return [p for p in run.model.parameters() if not p.requires_grad] if run.stage == 3 else []
 
 
-def whole_model_leaf(run) -> list:
-    """Under ZeRO-3, a leaf-module threshold that would make the whole model one leaf is turned off: DeepSpeed would
-    gather every weight for each forward, and on one H200 such runs did not train."""
-    threshold = leaf_threshold(run.config)
-    if run.stage != 3 or threshold is None:
-        return []
-    layers, params, granularity = leaf_granularity(run.model, full_numel)
-    if granularity is None or granularity > threshold:
-        return []
-    note = no_leaf_modules(run.config, because=(
-        f"it would make the whole model ({params / 1e6:.1f}M parameters over {layers} modules, {granularity:,} per "
-        "module) one ZeRO-3 leaf, gathered whole for every forward; on one H200 such runs did not train (the loss "
-        "after two updates equal to the first, hf_zero's docs, presets.md). The threshold pays off for models of "
-        "1B parameters and more, whose whole model it leaves alone"))
-    return [note] if note else []
-
-
 def frozen_weights_leaves(run) -> list:
     """Under ZeRO-3 with frozen weights (LoRA), no leaf modules: DeepSpeed loses a leaf's frozen weights."""
     note = no_leaf_modules_with_frozen_weights(run.model, run.config) if _frozen(run) else None
     return [note] if note else []
+
+
+def model_leaves(run) -> list:
+    """Under ZeRO-3, a leaf-module threshold that would make a leaf of a model returning a ModelOutput (the whole model
+    below DeepSpeed's 1e9-parameter cap, a vision tower) is replaced by the threshold's other leaves, set one by one,
+    with the rule carried on inside that model: its weights would never train as a leaf (hf_zero.zero3.leaves)."""
+    threshold = leaf_threshold(run.config)
+    if run.stage != 3 or threshold is None:
+        return []
+
+    def model_output(module):
+        return returns_model_output(module) and trains(module)
+
+    models = [(name or "the whole model", type(module).__name__)
+              for name, module in threshold_leaves(run.model, threshold, full_numel) if model_output(module)]
+    if not models:
+        return []
+    kept = threshold_leaves(run.model, threshold, full_numel, eligible=lambda module: not model_output(module))
+    for _, module in kept:
+        set_leaf(module)
+    named = ", ".join(f"{name} ({kind})" for name, kind in models)
+    note = no_leaf_modules(run.config, because=(
+        f"it would make a ZeRO-3 leaf of {named}, which returns a ModelOutput; DeepSpeed reduces a leaf's gradients in "
+        "a module backward hook that torch calls only for a Tensor or a tuple output, so those weights would never "
+        f"train (hf_zero's docs, presets.md). The {len(kept)} modules the threshold picks below it instead "
+        f"({_examples(kept)}) are made leaves one by one"))
+    return [note] if note else []
+
+
+def _examples(leaves, shown=2) -> str:
+    names = [name for name, _ in leaves[:shown]] + (["..."] if len(leaves) > shown else [])
+    return ", ".join(names) if names else "none"
 
 
 def adapter_dtype(run) -> list:
@@ -244,6 +260,14 @@ def offload_step_fixes(run) -> list:
     return notes
 
 
+def leaf_outputs(run) -> list:
+    """Under ZeRO-3, each trainable leaf module's first output is a Tensor or a tuple, or the run stops naming it
+    (a leaf returning a ModelOutput would never train)."""
+    if run.stage == 3:
+        run.kept["leaf_outputs"] = watch_leaf_outputs(getattr(run.engine, "module", run.engine))
+    return []
+
+
 def divergence_watch(run) -> list:
     """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
     diverge stop with the modules named instead of hanging)."""
@@ -289,10 +313,11 @@ CHECKS = (
     Check("offload-threads", "model", "warning", offload_threads, "the CPU optimizer gets this process's cores",
           off="offload_threads=None"),
     Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
-    Check("whole-model-leaf", "model", "warning", whole_model_leaf,
-          "ZeRO-3: a leaf-module threshold that would make the whole model one leaf is set to 0"),
     Check("frozen-weights-leaves", "model", "warning", frozen_weights_leaves,
           "ZeRO-3 with frozen weights: no leaf modules"),
+    Check("model-leaves", "model", "warning", model_leaves,
+          "ZeRO-3: a threshold leaf that returns a ModelOutput (the whole model, a vision tower) is left out; the "
+          "threshold's other leaves are set one by one"),
     Check("adapter-dtype", "model", "warning", adapter_dtype, "ZeRO-3 LoRA adapters train in the base's 16-bit dtype",
           off="cast_adapters=False"),
     Check("lora-fits-zero2", "model", "warning", lora_fits_zero2, "LoRA whose base fits ZeRO-2 is advised to use it"),
@@ -314,6 +339,8 @@ CHECKS = (
     Check("offload-step-fixes", "engine", "info", offload_step_fixes,
           "offload's host step overlaps the GPU; pinned copies; no per-gradient host test",
           off="overlap_offload_copies=False; offload_step_in_forward"),
+    Check("leaf-outputs", "engine", "error", leaf_outputs,
+          "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
     Check("divergence-watch", "engine", "error", divergence_watch,
           "ZeRO-3 ranks gather the same modules, or stop naming them", off='divergence_check="off"'),
     Check("generation-in-step", "engine", "info", generation_in_step, "ZeRO-3 generate() keeps ranks in step"),

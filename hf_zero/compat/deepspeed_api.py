@@ -178,22 +178,62 @@ def set_leaf(module) -> None:
 LEAF_SIZE_CAP = 1e9
 
 
-def leaf_granularity(module, numel) -> tuple:
-    """(layers, parameters, granularity) of ``module`` as DeepSpeed's threshold rule counts them; ``numel(param)`` gives
-    a parameter's full size (a ZeRO-3 partition's too). The granularity is None where DeepSpeed never makes a leaf."""
+def module_granularities(model, numel) -> dict:
+    """{module: (layers, parameters, granularity)} for ``model`` and every module in it, as DeepSpeed's threshold rule
+    counts them; ``numel(param)`` gives a parameter's full size (a ZeRO-3 partition's too). The granularity is None
+    where DeepSpeed never makes a leaf."""
     import torch
 
-    own = sum(numel(p) for p in module.parameters(recurse=False))
-    if not any(True for _ in module.parameters()):
-        return 0, 0, None
-    children = list(module.children())
-    if not children:
-        return 1, own, None
-    layers, params = 0, own
-    for child in children:
-        child_layers, child_params, _ = leaf_granularity(child, numel)
-        layers, params = layers + child_layers, params + child_params
-    if type(module).__name__ in torch.nn.modules.container.__all__:
-        return layers, params, None
-    layers += 1
-    return layers, params, (params // layers if params <= LEAF_SIZE_CAP else None)
+    found = {}
+
+    def measure(module):
+        if not any(True for _ in module.parameters()):
+            found[module] = (0, 0, None)
+            return found[module]
+        own = sum(numel(p) for p in module.parameters(recurse=False))
+        children = list(module.children())
+        if not children:
+            found[module] = (1, own, None)
+            return found[module]
+        layers, params = 0, own
+        for child in children:
+            child_layers, child_params, _ = measure(child)
+            layers, params = layers + child_layers, params + child_params
+        if type(module).__name__ in torch.nn.modules.container.__all__:
+            found[module] = (layers, params, None)
+        else:
+            layers += 1
+            found[module] = (layers, params, params // layers if params <= LEAF_SIZE_CAP else None)
+        return found[module]
+
+    measure(model)
+    return found
+
+
+def threshold_leaves(model, threshold: int, numel, eligible=None) -> list:
+    """[(qualified name, module)] that a stage3_module_granularity_threshold of ``threshold`` makes ZeRO-3 leaves, the
+    topmost first; "" names the model itself. With ``eligible``, a module it refuses is passed over as if its
+    granularity were above the threshold: the rule goes on into its children."""
+    granularity = module_granularities(model, numel)
+    leaves = []
+
+    def visit(name, module):
+        measured = granularity[module][2]
+        if granularity[module][1] == 0:
+            return
+        if measured is not None and measured <= threshold and (eligible is None or eligible(module)):
+            leaves.append((name, module))
+            return
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+
+    visit("", model)
+    return leaves
+
+
+def is_leaf(module) -> bool:
+    """Whether DeepSpeed treats ``module`` as a ZeRO-3 leaf (gathered whole, its gradients reduced when its backward
+    ends), however it became one: set_z3_leaf_modules, DeepSpeed's default list, or the threshold."""
+    from deepspeed.utils import z3_leaf_module
+
+    return z3_leaf_module(module)

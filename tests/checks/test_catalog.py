@@ -9,8 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import REPO
 from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options
-from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, sequence_parallel_loss,
-                                    whole_model_leaf)
+from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, model_leaves,
+                                    sequence_parallel_loss)
 from hf_zero.compat.hf_api import enable_model_checkpointing
 from hf_zero.errors import ConfigError
 
@@ -42,10 +42,12 @@ COVERAGE = {
     "single-process": (["trainer/test_callback.py::test_warns_that_zero_on_one_process_shards_nothing",
                         "checks/test_doors.py::test_prepare_says_that_zero_on_one_process_shards_nothing"],
                        ["trainer/test_callback.py::test_quiet_about_one_process_when_states_are_offloaded"]),
-    "whole-model-leaf": (["checks/test_catalog.py::test_a_threshold_that_makes_the_whole_model_one_leaf_is_turned_off"],
-                         ["checks/test_catalog.py::test_a_threshold_that_makes_decoder_layers_leaves_is_kept"]),
     "frozen-weights-leaves": (["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"],
                               ["trainer/test_lora.py::test_frozen_weights_turn_off_deepspeeds_leaf_modules"]),
+    "model-leaves": (["checks/test_catalog.py::test_a_threshold_that_makes_the_whole_model_one_leaf_keeps_its_layers",
+                      "checks/test_catalog.py::test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves"],
+                     ["checks/test_catalog.py::test_a_threshold_that_makes_decoder_layers_leaves_is_kept",
+                      "checks/test_catalog.py::test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves"]),
     "adapter-dtype": (["trainer/test_callback.py::test_adapters_cast_to_the_bf16_base_by_default",
                        "checks/test_doors.py::test_prepare_casts_adapters_to_the_bf16_base_unless_told_not_to"],
                       ["trainer/test_callback.py::test_quiet_adapters_kept_fp32_with_cast_adapters_false"]),
@@ -83,6 +85,8 @@ COVERAGE = {
     "offload-step-fixes": (["trainer/test_offload_overflow.py::test_fix_applied_under_offload_and_trains_the_same_bits",
                             "multiproc/test_accelerate_loop.py::test_prepare_applies_the_offload_fixes_the_trainer_gets"],
                            ["trainer/test_offload_overflow.py::test_quiet_without_offload"]),
+    "leaf-outputs": (["checks/test_doors.py::test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward"],
+                     ["checks/test_doors.py::test_leaves_that_return_tensors_train_as_the_model_without_leaves"]),
     "divergence-watch": (["multiproc/test_divergence.py::test_a_branch_on_one_rank_stops_every_rank_naming_both_modules",
                           "multiproc/test_divergence.py::test_the_accelerate_door_stops_a_branch_on_one_rank_too"],
                          ["multiproc/test_divergence.py::test_quiet_when_ranks_agree_and_gone_after_the_first_steps"]),
@@ -182,12 +186,53 @@ def _zero3_preset():
     return config
 
 
-def test_a_threshold_that_makes_the_whole_model_one_leaf_is_turned_off():
-    # the tiny Llama: far fewer parameters per module than the preset's 5e6
+def _leaves(model):
+    from hf_zero.compat.deepspeed_api import is_leaf
+
+    return [name for name, module in model.named_modules() if is_leaf(module)]
+
+
+def test_a_threshold_that_makes_the_whole_model_one_leaf_keeps_its_layers():
+    # the tiny Llama: far fewer parameters per module than the preset's 5e6, so DeepSpeed would make the whole model
+    # (a ModelOutput) one leaf; then LlamaModel (also one); the decoder layers below are leaves instead
     config = _zero3_preset()
-    [note] = whole_model_leaf(RunContext("trainer", config, model=_tiny_model()))
-    assert "whole model" in note and "did not train" in note
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, vocab_size=97))
+    [note] = model_leaves(RunContext("trainer", config, model=model))
+    assert "leaf of the whole model (LlamaForCausalLM), which returns a ModelOutput" in note
+    assert "would never train" in note and "The 2 modules the threshold picks below it" in note
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    assert _leaves(model) == ["model.layers.0", "model.layers.1"]
+
+
+def test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves():
+    # Qwen2-VL-2B's shape (on the meta device): above DeepSpeed's 1e9 cap the whole model is no leaf, but its 665M
+    # vision tower (Qwen2VisionTransformerPretrainedModel, a ModelOutput) would be, beside the 28 decoder layers
+    import transformers
+
+    def qwen2_vl_2b():
+        text = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                    num_key_value_heads=2, vocab_size=151936,
+                    rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1e6})
+        vision = dict(depth=32, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2)
+        with torch.device("meta"):
+            return transformers.Qwen2VLForConditionalGeneration(transformers.Qwen2VLConfig(
+                text_config=text, vision_config=vision, tie_word_embeddings=True))
+
+    model, config = qwen2_vl_2b(), _zero3_preset()
+    [note] = model_leaves(RunContext("trainer", config, model=model))
+    assert "leaf of model.visual (Qwen2VisionTransformerPretrainedModel)" in note
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
+    leaves = _leaves(model)
+    # the decoder layers stay leaves; inside the tower the rule goes on: its blocks become leaves
+    assert [f"model.language_model.layers.{i}" for i in range(28)] == [n for n in leaves if "language_model" in n]
+    assert [f"model.visual.blocks.{i}" for i in range(32)] == [n for n in leaves if n.startswith("model.visual.blocks.")]
+    # quiet where the tower is frozen: it has no gradients to lose, and the threshold stays as DeepSpeed reads it
+    frozen, config = qwen2_vl_2b(), _zero3_preset()
+    frozen.model.visual.requires_grad_(False)
+    assert model_leaves(RunContext("trainer", config, model=frozen)) == []
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(frozen) == []
 
 
 def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
@@ -200,7 +245,7 @@ def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build_config(resolve_model("1.35b")[1]))
     config = _zero3_preset()
-    assert whole_model_leaf(RunContext("trainer", config, model=model)) == []
-    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000
+    assert model_leaves(RunContext("trainer", config, model=model)) == []
+    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(model) == []
     stage2 = {"zero_optimization": {"stage": 2}}
-    assert whole_model_leaf(RunContext("trainer", stage2, model=_tiny_model())) == []
+    assert model_leaves(RunContext("trainer", stage2, model=_tiny_model())) == []

@@ -95,3 +95,19 @@ def test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped(prepare_che
     assert "of model states in host memory" in refused["error"] and "[check host-memory]" in refused["error"]
     skipped = prepare_checks("host_memory_skipped")
     assert skipped["error"] is None and ["model", "host-memory", "skipped"] in skipped["ran"]
+
+
+def test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward(prepare_checks):
+    # the user made the inner base model (LlamaModel, which returns BaseModelOutputWithPast) a ZeRO-3 leaf: DeepSpeed
+    # would never reduce its gradients (on CPU the step then fails in zero_grad, on a GPU nothing is said)
+    result = prepare_checks("leaf_model")
+    assert "module model (LlamaModel) is a ZeRO-3 leaf and returns BaseModelOutputWithPast" in result["error"]
+    assert result["error"].endswith("[check leaf-outputs]") and "losses" not in result
+
+
+def test_leaves_that_return_tensors_train_as_the_model_without_leaves(prepare_checks):
+    # decoder layers return a tensor: the guard stays quiet and the leaves train bit for bit as no leaves do
+    layers, plain = prepare_checks("leaf_layers"), prepare_checks("no_leaves")
+    assert layers["error"] is None and plain["error"] is None
+    assert ["engine", "leaf-outputs", "quiet"] in layers["ran"]
+    assert layers["losses"] == plain["losses"] and layers["losses"][2] < layers["losses"][0]

@@ -65,6 +65,24 @@ def scenarios(model_path: str, out):
     def adapter_dtypes(engine, _):
         return {"adapter_dtypes": sorted({str(p.dtype) for p in engine.module.parameters() if p.requires_grad})}
 
+    def leaves_of(kind):  # the user's own ZeRO-3 leaves: the inner base model (a ModelOutput), or its decoder layers
+        def make(model):
+            from deepspeed.utils import set_z3_leaf_modules
+
+            set_z3_leaf_modules(model, [type(model.model) if kind == "model" else type(model.model.layers[0])])
+            return model
+        return make
+
+    def steps(engine, _):  # the README loop's steps: the leaf guard speaks at the first forward, or stays out of the way
+        batches = [torch.arange(3 + i, 19 + i).repeat(2, 1) for i in range(2)]
+        losses = []
+        for i in range(4):
+            loss = engine(input_ids=batches[i % 2], labels=batches[i % 2]).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        return {"losses": losses}
+
     def judged(engine, run):  # the real model and config, judged as two DeepSpeed releases would run them
         return {version: recompute_problems(engine.module, run.config, run.checkpointing_kwargs or {}, version,
                                             in_loop=True) for version in ("0.19.2", "0.19.3")}
@@ -77,6 +95,9 @@ def scenarios(model_path: str, out):
               cast_adapters=False)
     yield run("lora_non_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": False}, extra=judged)
     yield run("lora_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": True}, extra=judged)
+    yield run("leaf_model", config_of("zero3"), adapt=leaves_of("model"), extra=steps)
+    yield run("leaf_layers", config_of("zero3"), adapt=leaves_of("layers"), extra=steps)
+    yield run("no_leaves", config_of("zero3"), extra=steps)
     # a host smaller than the model states: the node's memory as psutil reports it, 1 MiB
     real = psutil.virtual_memory
     psutil.virtual_memory = lambda: real()._replace(total=2**20)
