@@ -50,7 +50,7 @@ def deepspeed_config(run) -> list:
 
 
 def gpu_only_settings(run) -> list:
-    """On a CPU machine, the settings that work only on GPUs go (the presets' leaf-module threshold)."""
+    """On a CPU machine, the settings that work only on GPUs go (a config's leaf-module threshold)."""
     return drop_gpu_only_settings(run.config) if run.on_cpu else []
 
 

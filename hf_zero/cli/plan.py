@@ -260,15 +260,6 @@ def plot(plan, path) -> None:
     plt.close(fig)
 
 
-def leaf_threshold(model) -> int:
-    """stage3_module_granularity_threshold that makes each decoder layer one ZeRO-3 leaf: fetched with one
-    all-gather instead of one per Linear. DeepSpeed's granularity of a module is its parameters over the
-    modules with parameters inside it, counting itself (12 for a Llama layer); 20% above that of the
-    largest layer. On the 1.35B benchmark model this is 5e6, which took ZeRO-3 from 16.6k to 30-34k
-    tokens/s on 2x H200 (benchmarks/2xH200)."""
-    return int(1.2 * model.largest_layer / 12)
-
-
 def write_config(plan, path, configs: dict | None = None) -> None:
     from ..config.dotted import set_dotted
     from ..config.presets import load_config
@@ -284,10 +275,9 @@ def write_config(plan, path, configs: dict | None = None) -> None:
         parent, leaf = key.rsplit(".", 1)
         if leaf in config["zero_optimization"]:
             set_dotted(config, key, bucket)
-    if "stage3_module_granularity_threshold" in config["zero_optimization"]:
-        # layers as ZeRO-3 leaves break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns it off too)
-        threshold = 0 if plan.run.lora_r else leaf_threshold(plan.model)
-        set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", threshold)
+    if plan.run.lora_r and config["zero_optimization"].get("stage3_module_granularity_threshold"):
+        # leaf modules break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns them off too)
+        set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", 0)
     if plan.choice == "zero3_offload" and planned is None:  # the placement the plan counted (--offload-ratio, --params-on-gpu)
         if plan.run.optimizer_host_share < 1:
             set_dotted(config, "zero_optimization.offload_optimizer.ratio", plan.run.optimizer_host_share)

@@ -10,7 +10,7 @@ def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
     built from) when the model has frozen parameters; returns a note, or None when nothing changed.
 
     The threshold makes DeepSpeed turn modules into ZeRO-3 leaves, and DeepSpeed 0.19.8 loses a leaf's frozen
-    weights before their backward: with the zero3 preset (threshold 5e6) a PEFT LoRA 1.35B Llama failed at the
+    weights before their backward: with a threshold of 5e6 a PEFT LoRA 1.35B Llama failed at the
     first backward on 2x H200 (RuntimeError: output with shape [1] doesn't match the broadcast shape [2048, 16]),
     and trained with the threshold at 0 (benchmarks/2xH200/sweeps in the repository)."""
     if not has_frozen_parameters(model):

@@ -5,8 +5,8 @@ DeepSpeed gathers a leaf module's parameters whole and reduces their gradients i
 (it warns "For backward hooks to be called, module output should be a Tensor or a tuple of Tensors" otherwise). A
 Hugging Face model returns a ModelOutput, a dict: made a leaf, its gradients are never reduced into the optimizer's
 partitions, and its weights stay as they were while the run goes on (on a GPU silently; on CPU the step fails in
-zero_grad with "unknown parameter type"). That happens to the whole model when the zero3 preset's
-stage3_module_granularity_threshold makes it one leaf (models under DeepSpeed's 1e9-parameter cap), and to a vision
+zero_grad with "unknown parameter type"). That happens to the whole model when a stage3_module_granularity_threshold
+(5e6, say) makes it one leaf (models under DeepSpeed's 1e9-parameter cap), and to a vision
 tower or an inner base model that a threshold or set_z3_leaf_modules makes one.
 """
 

@@ -178,11 +178,11 @@ def test_the_loss_is_left_alone_without_sequence_parallelism():
     assert model.forward == forward
 
 
-def _zero3_preset():
+def _zero3_with_leaves():  # with leaf modules: the threshold GPU-tuned configs set (DeepSpeed's default is 0)
     import hf_zero
 
     config = hf_zero.load_config("zero3")
-    assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000
+    config["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
     return config
 
 
@@ -193,9 +193,9 @@ def _leaves(model):
 
 
 def test_a_threshold_that_makes_the_whole_model_one_leaf_keeps_its_layers():
-    # the tiny Llama: far fewer parameters per module than the preset's 5e6, so DeepSpeed would make the whole model
+    # the tiny Llama: far fewer parameters per module than 5e6, so DeepSpeed would make the whole model
     # (a ModelOutput) one leaf; then LlamaModel (also one); the decoder layers below are leaves instead
-    config = _zero3_preset()
+    config = _zero3_with_leaves()
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, vocab_size=97))
     [note] = model_leaves(RunContext("trainer", config, model=model))
@@ -220,7 +220,7 @@ def test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves():
             return transformers.Qwen2VLForConditionalGeneration(transformers.Qwen2VLConfig(
                 text_config=text, vision_config=vision, tie_word_embeddings=True))
 
-    model, config = qwen2_vl_2b(), _zero3_preset()
+    model, config = qwen2_vl_2b(), _zero3_with_leaves()
     [note] = model_leaves(RunContext("trainer", config, model=model))
     assert "leaf of model.visual (Qwen2VisionTransformerPretrainedModel)" in note
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
@@ -229,7 +229,7 @@ def test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves():
     assert [f"model.language_model.layers.{i}" for i in range(28)] == [n for n in leaves if "language_model" in n]
     assert [f"model.visual.blocks.{i}" for i in range(32)] == [n for n in leaves if n.startswith("model.visual.blocks.")]
     # quiet where the tower is frozen: it has no gradients to lose, and the threshold stays as DeepSpeed reads it
-    frozen, config = qwen2_vl_2b(), _zero3_preset()
+    frozen, config = qwen2_vl_2b(), _zero3_with_leaves()
     frozen.model.visual.requires_grad_(False)
     assert model_leaves(RunContext("trainer", config, model=frozen)) == []
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(frozen) == []
@@ -237,14 +237,14 @@ def test_a_threshold_that_makes_a_vision_tower_a_leaf_keeps_the_other_leaves():
 
 def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
     # the 1.35B benchmark model (on the meta device): above DeepSpeed's 1e9 cap the whole model never becomes a leaf,
-    # its decoder layers (4.2M parameters per module) do, as the preset was measured
+    # its decoder layers (4.2M parameters per module) do
     from transformers import AutoModelForCausalLM
 
     from hf_zero.model_configs import build_config, resolve_model
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build_config(resolve_model("1.35b")[1]))
-    config = _zero3_preset()
+    config = _zero3_with_leaves()
     assert model_leaves(RunContext("trainer", config, model=model)) == []
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(model) == []
     stage2 = {"zero_optimization": {"stage": 2}}

@@ -13,11 +13,11 @@ def codes(config, **kwargs):
 
 @pytest.fixture
 def good():
-    """The zero3 preset as a CPU run gets it (hf_zero drops its GPU-only leaf-module threshold there)."""
+    """The zero3 preset (no GPU-only settings: nothing for hf_zero to drop on CPU)."""
     from hf_zero.config.live import drop_gpu_only_settings
 
     config = hf_zero.load_config("zero3")
-    drop_gpu_only_settings(config)
+    assert drop_gpu_only_settings(config) == []
     return config
 
 
@@ -27,10 +27,11 @@ def test_quiet_on_a_preset(good):
 
 
 def test_leaf_modules_on_cpu_fire_and_are_dropped_for_cpu_runs():
-    """The zero3 preset's leaf-module threshold (tuned on H200s) crashes DeepSpeed on CPU."""
+    """A leaf-module threshold (a GPU setting) crashes DeepSpeed on CPU."""
     from hf_zero.config.live import drop_gpu_only_settings
 
     raw = hf_zero.load_config("zero3")
+    raw["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
     assert codes(raw, on_cpu=True) == ["leaf-modules-on-cpu"]
     assert drop_gpu_only_settings(raw) and raw["zero_optimization"]["stage3_module_granularity_threshold"] == 0
     assert codes(raw, on_cpu=True) == [] and drop_gpu_only_settings(raw) == []

@@ -207,7 +207,7 @@ GPU_ONLY_NOTE = "stage3_module_granularity_threshold set to 0: DeepSpeed's leaf-
 
 @cpu_only
 def test_gpu_only_setting_dropped_on_cpu_is_said(attach_checks):
-    # transformers' own TrainingArguments keep the preset's leaf-module threshold; the callback drops it on CPU
+    # transformers' own TrainingArguments keep a config's leaf-module threshold; the callback drops it on CPU
     result = attach_checks("gpu_only_dropped")
     assert result["warnings"] == [GPU_ONLY_NOTE] and result["leaf_threshold"] == 0
 

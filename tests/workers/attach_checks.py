@@ -76,9 +76,10 @@ def scenarios(model_path: str, out: Path):
         make.extra = extra
         return make
 
-    # the leaf-module threshold (GPU-only) is dropped, and said, under transformers' own arguments
-    yield run("gpu_only_dropped", with_extra(lambda: attach(model_path, plain_args("zero3")),
-                                             lambda t: {"leaf_threshold": leaf_threshold(t)}))
+    # a leaf-module threshold (GPU-only) is dropped, and said, under transformers' own arguments
+    with_leaves = config_file(out, "zero3_leaves", "zero3", stage3_module_granularity_threshold=5_000_000)
+    yield run("gpu_only_dropped", with_extra(lambda: attach(model_path, transformers.TrainingArguments(
+        deepspeed=with_leaves, use_cpu=True, **common)), lambda t: {"leaf_threshold": leaf_threshold(t)}))
     yield run("gpu_only_absent", with_extra(lambda: attach(model_path, plain_args("zero2")), lambda t: {}))
     # a config finding of severity warning becomes a callback warning
     yield run("finding_warning", lambda: attach(model_path, hf_args(config_file(
