@@ -550,6 +550,22 @@ def test_targets_pass_and_fail():
     assert alone["zero2"] == ("n/a", "set for 2 GPUs; this run used 1") and alone["zero3:"][0] == "PASS"
 
 
+def test_loss_target_names_setups_that_train_differently_from_ddp():
+    data = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
+    assert _targets(data)["every"] == ("n/a", "no setup with a DDP row and logged losses")
+    for row, loss in zip(data["results"], (9.8266, 9.8297, 9.8283, 9.8598)):  # ddp, fsdp, zero2, zero3 with leaves
+        row["losses"] = [loss]
+    assert _targets(data)["every"] == ("FAIL", "2/3 within; off: zero3 +0.033")
+    data["results"][3]["losses"] = [9.8296]
+    assert _targets(data)["every"] == ("PASS", "3/3 within")
+    # a DeepSpeed scheduler (the HF docs' "auto" configs) trains on another schedule: not compared
+    data["results"].append(_gpu_row("ds_auto_zero3", 11534, 22.2, losses=[9.7954],
+                                    setup={"deepspeed": {"scheduler": {"type": "WarmupLR"}}}))
+    assert _targets(data)["every"] == ("PASS", "3/3 within")
+    assert "| every setup trains as DDP does: mean loss within 0.02 of DDP's | PASS | 3/3 within |" in \
+        report.render_markdown(data)
+
+
 def test_environment_line_names_the_rows_a_variant_env_belongs_to():
     data = _gpu_data(zero2_tokens=51000, zero2_peak=20.7)
     for row in data["results"]:
