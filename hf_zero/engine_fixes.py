@@ -2,7 +2,7 @@
 Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop)."""
 
 import torch
-from .compat.deepspeed_api import cpu_adam_class, engine_fix_applies, zero_optimizer_classes
+from .compat.deepspeed_api import cpu_adam_class, engine_fix_applies, is_leaf, param_coordinator, zero_optimizer_classes
 
 
 def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | None:
@@ -28,6 +28,33 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
     return ("ZeRO offload: DeepSpeed's per-parameter inf/NaN test of each gradient (a host synchronization per "
             "parameter, each waiting for the gradient copies before it) is left out; the global gradient norm "
             "catches the same overflows.")
+
+
+def leaf_release_after_compute(engine, version: str | None = None) -> str | None:
+    """Under ZeRO-3 with leaf modules and a ``stage3_module_granularity_threshold`` above 0, release each leaf's
+    gathered weights the way every other module's are released; returns a note when it did, None when the engine does
+    not need it.
+
+    Any threshold above 0 switches DeepSpeed's parameter coordinator to a "fast" path for leaf modules
+    (``fast_sharding_for_leaf_module``): it gathers a leaf's weights on its all-gather stream, and at the leaf's release
+    drops them without ``record_stream``, where every other module's release records the compute stream first. The
+    caching allocator then hands that memory to the next all-gather (the next module's prefetch, on the all-gather
+    stream) while the compute stream may still be reading the weights: kernels read the next module's weights instead.
+    On CPU and on one rank nothing is gathered into freed memory in time to show; two ranks on one H200 trained
+    differently from DDP with it and as DDP does without it (benchmarks/1xH200/two_ranks). The ordinary path keeps
+    the leaf's single all-gather per module; only the early reuse of its memory goes."""
+    coordinator = param_coordinator(engine)
+    if coordinator is None or not getattr(coordinator, "fast_sharding_for_leaf_module", False):
+        return None
+    module = getattr(engine, "module", engine)
+    if not any(is_leaf(m) for m in module.modules()):
+        return None
+    if not engine_fix_applies("leaf-release-after-compute", version):
+        return None
+    coordinator.fast_sharding_for_leaf_module = False
+    return ("ZeRO-3 leaf modules: their gathered weights are released after the GPU's use of them is recorded, as "
+            "every other module's are (DeepSpeed's fast leaf path, switched on by stage3_module_granularity_threshold, "
+            "lets the next all-gather overwrite them while kernels still read them).")
 
 
 def _no_host_test(grad) -> None:

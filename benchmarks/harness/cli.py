@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure rank 0's memory of an N-GPU run on one GPU, for each N (e.g. 2,4,8): each setup "
                         "runs as rank 0 of N over torch's fake process group, nothing is communicated, so speed is "
                         "not measured; writes OUT/simulated.json, .md and .png with the planner's predictions")
+    p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
+                   help="run N ranks on each GPU over gloo (NCCL refuses two ranks on one device): several-rank "
+                        "behaviour on one GPU; its speed is gloo's, not a multi-GPU run's")
+    p.add_argument("--exactness", action="store_true",
+                   help="compare each setup with a DDP launch on the same data: every parameter's first-step "
+                        "gradient and the loss of every step; results.md says which setups train as DDP does "
+                        "(needs a ddp setup and equal micro batches; a second DDP row measures the noise)")
     p.add_argument("--list", action="store_true", help="print the setups that would run, with their configs, and exit")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only re-render results.md and bench.png from a results.json "
                                                           "(or simulated.md and .png from a simulated.json)")
@@ -130,7 +137,7 @@ def run(args) -> int:
                    max_minutes=args.max_minutes, setup_timeout=args.setup_timeout, keep_saved=args.keep_saved,
                    save_all=args.save_all,
                    profile_steps=args.profile_steps, memory_snapshot=args.memory_snapshot, host_peaks=args.host_peaks,
-                   repeat=args.repeat)
+                   repeat=args.repeat, ranks_per_gpu=args.ranks_per_gpu, exactness=args.exactness)
     if args.list:
         return _list(opts, args.simulate_ranks)
     if args.simulate_ranks:

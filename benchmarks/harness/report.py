@@ -12,6 +12,8 @@ from hf_zero.errors import ConfigError
 from hf_zero.planner import GIB
 from hf_zero.model_configs import params_text
 
+from . import exactness
+
 SAVE_SECONDS = 5.0  # target: ZeRO-3 16-bit save of the 1.35B model
 ZERO2_SPEED, ZERO2_MEMORY = 0.95, 0.65  # zero2 >= 95% of DDP tokens/s at <= 65% of its peak
 ZERO3_MEMORY = 1.10  # zero3 >= FSDP tokens/s at <= FSDP peak + 10%
@@ -401,6 +403,9 @@ def render_markdown(data: dict) -> str:
               "The zero2 and zero3 speed and memory targets are set for 2x H200, the offload targets for one.", "",
               "| target | result | measured |", "|---|---|---|"]
     lines += [f"| {t} | {s} | {d} |" for t, s, d in evaluate_targets(data)]
+    exact = exactness.table(data)
+    if exact:
+        lines += ["", exact]
     host = batch_and_host_table(data)
     if host:
         lines += ["", "## Batch and host memory", "", host]

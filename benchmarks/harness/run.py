@@ -51,12 +51,14 @@ class Options:
     memory_snapshot: bool = False  # record one more step's allocator history: what is alive at the peak
     host_peaks: bool = False  # sample rank 0's resident memory: the code that raised the host's high-water mark
     repeat: int = 1  # launches per setup, interleaved round by round (A B C A B C), so drift hits all alike
+    ranks_per_gpu: int = 1  # > 1: that many ranks share each GPU over gloo (NCCL refuses two ranks on one device)
+    exactness: bool = False  # compare each setup's first-step gradients and losses with a DDP launch's
 
 
 def resolve_defaults(opts: Options, gpus: int) -> Options:
     """GPU: the 1.35B model at sequence 1024 on every GPU; CPU: a tiny model, so CI tests the harness."""
     on_gpu = gpus > 0
-    opts.nproc = opts.nproc or (gpus if on_gpu else 2)
+    opts.nproc = opts.nproc or (gpus * opts.ranks_per_gpu if on_gpu else 2)
     opts.model = opts.model or ("1.35b" if on_gpu else "tiny")
     opts.seq = opts.seq or (1024 if on_gpu else 64)
     opts.steps = opts.steps or (20 if on_gpu else 6)
@@ -64,8 +66,12 @@ def resolve_defaults(opts: Options, gpus: int) -> Options:
     problems = []
     if opts.nproc < 1:
         problems.append(f"--nproc must be at least 1, got {opts.nproc}")
-    if on_gpu and opts.nproc > gpus:
-        problems.append(f"--nproc {opts.nproc} but this machine has {gpus} GPU(s)")
+    if opts.ranks_per_gpu < 1:
+        problems.append(f"--ranks-per-gpu must be at least 1, got {opts.ranks_per_gpu}")
+    elif on_gpu and opts.nproc > gpus * opts.ranks_per_gpu:
+        problems.append(f"--nproc {opts.nproc} but this machine has {gpus} GPU(s)"
+                        + (f" for {opts.ranks_per_gpu} rank(s) each" if opts.ranks_per_gpu > 1 else
+                           "; --ranks-per-gpu 2 runs two ranks on each over gloo"))
     if opts.repeat < 1:
         problems.append(f"--repeat must be at least 1, got {opts.repeat}")
     if opts.warmup < 0 or opts.steps - opts.warmup < 1:
@@ -106,6 +112,10 @@ def command_line(opts: Options) -> str:
         parts.append("--save-all")
     if opts.repeat > 1:
         parts += ["--repeat", str(opts.repeat)]
+    if opts.ranks_per_gpu > 1:
+        parts += ["--ranks-per-gpu", str(opts.ranks_per_gpu)]
+    if opts.exactness:
+        parts.append("--exactness")
     return shlex.join(parts)
 
 
@@ -178,6 +188,9 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
             "python_trace": str((out / "traces" / f"{setup.name}.python.json.gz").resolve())}
     if opts.profile_steps:
         (out / "traces").mkdir(exist_ok=True)
+    spec["ranks_per_gpu"] = opts.ranks_per_gpu
+    if opts.exactness:
+        spec["exactness"] = exactness_spec(setup, out)
     (work / "spec.json").write_text(json.dumps(spec, indent=1))
     env, changed = child_env(setup, on_gpu, opts.nproc)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc),
@@ -214,6 +227,22 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
     if not opts.keep_saved:
         shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def exactness_spec(setup, out: Path) -> dict:
+    """Where the setup's DDP reference lies, and whether this launch writes it (the sweep's first DDP launch of the
+    same kind of model) or compares with it."""
+    from .exactness import reference_key
+
+    folder = out / "exactness"
+    folder.mkdir(exist_ok=True)
+    key = reference_key(setup.as_dict())
+    gradients, losses, name = folder / f"{key}.safetensors", folder / f"{key}.losses.json", folder / f"{key}.setup"
+    role = "reference" if setup.kind == "ddp" and not gradients.exists() else "compared"
+    if role == "reference":
+        name.write_text(setup.name)
+    return {"role": role, "gradients": str(gradients), "losses": str(losses),
+            "reference_setup": setup.name if role == "reference" else (name.read_text() if name.exists() else None)}
 
 
 def _term_with_parent() -> None:
@@ -343,6 +372,21 @@ def _check_configs(setups, on_gpu: bool, nproc: int, seq: int, out: Path) -> Non
         raise ConfigError(problems)
 
 
+def exactness_order(setups: list, opts: Options) -> list:
+    """The DDP setups first (the first of each kind of model is the reference), all on the same micro-batches."""
+    sizes = {s.micro_batch for s in setups}
+    if len(sizes) > 1:
+        raise ConfigError(f"--exactness compares setups on the same data, but their micro batches differ "
+                          f"({', '.join(f'{s.name}: {s.micro_batch}' for s in setups)}); give the others mbs=N "
+                          "in a --variant (e.g. --variant zero3_gc=zero3+gc:mbs=4)")
+    if opts.resume or opts.repeat > 1:
+        raise ConfigError("--exactness compares one launch of each setup with the sweep's own DDP launch: "
+                          "leave out --resume and --repeat")
+    if not any(s.kind == "ddp" for s in setups):
+        raise ConfigError("--exactness needs a DDP setup to compare with: add ddp to --setups")
+    return sorted(setups, key=lambda s: s.kind != "ddp")
+
+
 def _print(message: str) -> None:
     print(message, flush=True)  # a sweep cut short by a time limit still shows how far it got
 
@@ -362,6 +406,12 @@ def _sweep(opts: Options, progress) -> int:
     opts = resolve_defaults(opts, gpus)
     setups = select(opts.setups, opts.variants, opts.nproc)
     out = Path(opts.out)
+    if opts.exactness:
+        setups = exactness_order(setups, opts)
+        shutil.rmtree(out / "exactness", ignore_errors=True)  # a reference of this sweep only
+    if opts.ranks_per_gpu > 1 and on_gpu and any(s.kind == "fsdp" for s in setups):
+        raise ConfigError("FSDP cannot run with --ranks-per-gpu: its reduce-scatter needs NCCL, which refuses two "
+                          "ranks on one GPU; leave the FSDP setups out of this sweep")
     out.mkdir(parents=True, exist_ok=True)
     _check_configs(setups, on_gpu, opts.nproc, opts.seq, out)
     model = resolve_model(opts.model)

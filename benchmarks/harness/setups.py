@@ -199,6 +199,12 @@ def _callback_problem(option: str, value) -> str | None:
     options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
     if option not in options:
         return f"callback.{option}: ZeroCallback has no option {option!r} (the bench sets log_memory); options: {', '.join(options)}"
+    if option == "skip_checks":  # check ids to leave out, e.g. ["leaf-release"]: the run without one of hf_zero's fixes
+        from hf_zero.checks import CHECK_IDS
+
+        if not isinstance(value, list) or not all(isinstance(v, str) and v in CHECK_IDS for v in value):
+            return f"callback.skip_checks must be a JSON list of check ids (docs/run-checks.md), got {value!r}"
+        return None
     if option == "offload_threads":  # "auto", or a thread count (0: leave the launcher's)
         if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             return f"callback.offload_threads must be auto or a thread count (0 leaves it), got {value!r}"

@@ -21,6 +21,7 @@ import transformers
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback
 
 import hf_zero
+from benchmarks.harness import exactness
 from benchmarks.harness.host_peaks import HostPeakSampler
 from hf_zero.compat.hf_api import checkpointing_arg_name
 from hf_zero.model_configs import build_config
@@ -275,7 +276,9 @@ def build_args(spec: dict, setup: dict):
         output_dir=str(Path(spec["workdir"]) / "trainer"), per_device_train_batch_size=setup["micro_batch"],
         gradient_accumulation_steps=1, max_steps=total_steps(spec), learning_rate=1e-4,
         # one warm-up step: transformers 5.17 fills the HF-docs WarmupLR with 0 steps, which DeepSpeed 0.19.8 rejects
-        warmup_steps=1, lr_scheduler_type="constant_with_warmup", logging_steps=spec["steps"],
+        # --exactness compares the loss of every step with DDP's; otherwise one mean over the run (no per-step sync)
+        warmup_steps=1, lr_scheduler_type="constant_with_warmup",
+        logging_steps=1 if spec.get("exactness") else spec["steps"],
         save_strategy="no", report_to=[], disable_tqdm=True, bf16=True, seed=0, dataloader_drop_last=True,
         **{CHECKPOINTING_ARG: gc},
     )
@@ -307,6 +310,31 @@ def build_model(spec: dict, setup: dict):
     # for DDP and FSDP, and DeepSpeed casts to bf16 itself
     with torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))):
         return AutoModelForCausalLM.from_config(config)
+
+
+def initial_weights(spec: dict) -> dict:
+    """--exactness: the weights every setup starts from, a CPU initialization with seed 0 (zero.Init and a GPU
+    initialization draw their random numbers in other orders). Built before TrainingArguments: while the Trainer's
+    DeepSpeed config is alive, from_config runs under zero.Init."""
+    config = build_config(spec["model"]["config"])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        return AutoModelForCausalLM.from_config(config).state_dict()
+
+
+def load_weights(model, weights: dict) -> None:
+    """``weights`` into ``model``; under ZeRO-3 rank 0 writes them into the gathered parameters and DeepSpeed
+    partitions them to every rank."""
+    import deepspeed
+
+    params = list(model.parameters())
+    partitioned = any(hasattr(p, "ds_id") for p in params)
+    rank0 = not is_distributed() or torch.distributed.get_rank() == 0
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=partitioned), torch.no_grad():
+        if rank0 or not partitioned:
+            for name, param in model.named_parameters():
+                param.copy_(weights[name])
 
 
 def apply_dynamo_settings(setup: dict) -> None:
@@ -349,20 +377,66 @@ def offload_forward_activations(trainer) -> None:
     trainer.compute_loss = compute_loss_offloaded
 
 
+def share_gpus(ranks_per_gpu: int) -> None:
+    """Several ranks on each GPU (--ranks-per-gpu): NCCL refuses two ranks on one device, gloo runs on CUDA tensors.
+    Each rank takes its GPU's index as LOCAL_RANK, which Accelerate and DeepSpeed read to pick the device, and the
+    gloo group starts before TrainingArguments, which otherwise starts NCCL for a GPU run."""
+    import deepspeed
+
+    gpu = int(os.environ.get("LOCAL_RANK", "0")) // ranks_per_gpu
+    os.environ["LOCAL_RANK"] = str(gpu)
+    torch.cuda.set_device(gpu)
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+class ExactnessCheck(TrainerCallback):
+    """--exactness: the first step's gradients (taken once the engine exists) and, after training, the comparison with
+    the sweep's DDP reference, or this run written as that reference."""
+
+    def __init__(self, trainer, spec: dict):
+        self.trainer, self.spec = trainer, spec["exactness"]
+        self.gradients = exactness.FirstStepGradients()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.gradients.install(self.trainer)
+
+    def result(self, losses: list) -> dict:
+        """On rank 0, after training: what goes into the setup's row."""
+        reference = Path(self.spec["gradients"])
+        found = {"role": self.spec["role"], "reference": self.spec["reference_setup"]}
+        if self.gradients.grads is None:
+            return {**found, "gradients": {"compared": 0, "note": "no gradient was taken (no optimizer step ran)"}}
+        if self.spec["role"] == "reference":
+            exactness.save_reference(self.gradients.grads, reference)
+            Path(self.spec["losses"]).write_text(json.dumps(losses))
+            return {**found, "gradients": {"parameters": len(self.gradients.grads)}}
+        if not reference.exists():
+            return {**found, "gradients": {"compared": 0, "note": "no DDP reference in this sweep"}}
+        found["gradients"] = exactness.compare(self.gradients.grads, exactness.load_reference(reference))
+        found["loss_gap"] = exactness.loss_gap(losses, json.loads(Path(self.spec["losses"]).read_text()))
+        return found
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="JSON written by benchmarks.harness.run")
     opts = p.parse_args(argv)
     spec = json.loads(Path(opts.spec).read_text())
     setup = spec["setup"]
-    if has_gpu():
+    if has_gpu() and spec.get("ranks_per_gpu", 1) > 1:
+        share_gpus(spec["ranks_per_gpu"])
+    elif has_gpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     started = time.perf_counter()
     # from launch on: the engine's start-up buffers are part of the host's peak
     host_peaks = HostPeakSampler().start() if spec.get("host_peaks") and os.environ.get("RANK", "0") == "0" else None
     apply_dynamo_settings(setup)
+    weights = initial_weights(spec) if spec.get("exactness") else None
     args = build_args(spec, setup)
     model = build_model(spec, setup)
+    if weights is not None:
+        load_weights(model, weights)
+        del weights
     partitioned = hf_zero.is_partitioned(model)
     model = with_lora(model, setup)
     if setup.get("long_context"):
@@ -382,6 +456,9 @@ def main(argv=None):
     callback = hf_zero.attach(trainer, log_memory=False, **setup.get("callback", {})) if setup["kind"] == "deepspeed" else None
     timer = StepTimer(started)
     trainer.add_callback(timer)
+    exact = ExactnessCheck(trainer, spec) if spec.get("exactness") else None
+    if exact is not None:
+        trainer.add_callback(exact)
     folders = nvme_folders(args.deepspeed) if setup["kind"] == "deepspeed" else set()
     nvme = FolderPeak(folders) if folders else None
     if nvme is not None:
@@ -444,6 +521,8 @@ def main(argv=None):
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
             "engine_fixes": callback.engine_fixes if callback else [],
         }
+        if exact is not None:
+            result["exactness"] = exact.result(result["losses"])
         if nvme is not None:
             result["nvme_gib"] = nvme.peak_gib  # this rank's files: rank 0 writes the result
         if setup.get("lora"):

@@ -15,7 +15,7 @@ from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
 from ..engine_checks import engine_problems, layout_problems, training_alone
-from ..engine_fixes import offload_fixes_applied
+from ..engine_fixes import leaf_release_after_compute, offload_fixes_applied
 from ..offload_threads import AUTO, threads_for_offload
 from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
                                  loss_over_sequence_shards, sequence_parallel_problems)
@@ -260,6 +260,13 @@ def offload_step_fixes(run) -> list:
     return notes
 
 
+def leaf_release(run) -> list:
+    """Under ZeRO-3, leaf modules release their gathered weights only after the GPU has used them (DeepSpeed's fast
+    leaf path, on with any granularity threshold, does not wait: several ranks then train differently from DDP)."""
+    note = leaf_release_after_compute(run.engine) if run.stage == 3 else None
+    return [note] if note else []
+
+
 def leaf_outputs(run) -> list:
     """Under ZeRO-3, each trainable leaf module's first output is a Tensor or a tuple, or the run stops naming it
     (a leaf returning a ModelOutput would never train)."""
@@ -339,6 +346,8 @@ CHECKS = (
     Check("offload-step-fixes", "engine", "info", offload_step_fixes,
           "offload's host step overlaps the GPU; pinned copies; no per-gradient host test",
           off="overlap_offload_copies=False; offload_step_in_forward"),
+    Check("leaf-release", "engine", "info", leaf_release,
+          "ZeRO-3 leaf modules release their weights after the GPU has used them (exact on several ranks)"),
     Check("leaf-outputs", "engine", "error", leaf_outputs,
           "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
     Check("divergence-watch", "engine", "error", divergence_watch,

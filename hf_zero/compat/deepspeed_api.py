@@ -36,6 +36,12 @@ ENGINE_FIXES = {
     # stage_1_and_2.py: step, unscale_and_clip_grads, _optimizer_step; DeepSpeedCPUAdam.step
     "offload-step-in-forward": EngineFix(
         "offload step in the next forward", "0.19.8", "0.20", "expect DeepSpeed's own step speed"),
+    # runtime/zero/partitioned_param_coordinator.py (fetch_sub_module, release_sub_module), parameter_offload.py;
+    # the same code in 0.18.0 and 0.19.8
+    "leaf-release-after-compute": EngineFix(
+        "ZeRO-3 leaf modules release their gathered weights only after the GPU has used them", "0.18.0", "0.20",
+        "with stage3_module_granularity_threshold above 0, a leaf module's gathered weights can be overwritten while "
+        "the GPU still computes with them, and several ranks train differently from DDP (docs/presets.md)"),
 }
 
 _warned: set = set()
@@ -229,6 +235,13 @@ def threshold_leaves(model, threshold: int, numel, eligible=None) -> list:
 
     visit("", model)
     return leaves
+
+
+def param_coordinator(engine):
+    """The ZeRO-3 engine's parameter coordinator (what fetches and releases each module's weights); None for other
+    stages."""
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    return getattr(offload, "param_coordinator", None)
 
 
 def is_leaf(module) -> bool:

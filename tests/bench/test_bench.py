@@ -5,6 +5,7 @@ parsing, comparison and report checks run in-process, each where it fires and wh
 """
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -723,3 +724,59 @@ class _Counting:
 
     def __exit__(self, *exc):
         return self.inner.__exit__(*exc)
+
+
+@pytest.mark.multiproc
+def test_exactness_compares_each_setup_with_ddp_on_the_same_data(tmp_path):
+    # 2 CPU ranks, every parameter's first-step gradient and the loss of every step against DDP's: DDP against DDP is
+    # exact, ZeRO-2/3 differ by bf16 rounding; a setup that trains something else (a learning rate 300x) is OUTSIDE
+    args = ["--exactness", "--setups", "zero3,ddp", "--variant", "ddp_again=ddp:mbs=4",
+            "--variant", "fast=zero2:args.learning_rate=3e-2", "--nproc", "2", "--steps", "4", "--warmup", "1",
+            "--seq", "32"]
+    proc = _bench(args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    order = [line.split(":")[0] for line in proc.stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
+    assert order == ["[1/4] ddp", "[2/4] ddp_again", "[3/4] zero3", "[4/4] fast"]  # the DDP reference first
+    rows = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    assert rows["ddp"]["exactness"]["role"] == "reference" and len(rows["ddp"]["losses"]) == 4
+    again, zero3, fast = (rows[n]["exactness"] for n in ("ddp_again", "zero3", "fast"))
+    assert again["gradients"]["relative_error"] == 0 and again["loss_gap"] == 0
+    assert zero3["reference"] == "ddp" and zero3["gradients"]["compared"] == rows["ddp"]["exactness"]["gradients"]["parameters"]
+    assert 0 < zero3["gradients"]["relative_error"] < 0.03 and zero3["loss_gap"] < 0.02
+    assert fast["gradients"]["relative_error"] < 0.03 and fast["loss_gap"] > 0.02  # same first step, then apart
+    table = (tmp_path / "results.md").read_text()
+    verdicts = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in table.splitlines()
+                if line.startswith("| ") and line.count("|") == 8}
+    assert verdicts["ddp_again"] == "within" and verdicts["zero3"] == "within" and verdicts["fast"] == "OUTSIDE"
+    assert "DDP against DDP (ddp_again): gradient error 0" in table
+
+
+def test_exactness_needs_ddp_and_equal_micro_batches_and_sharing_needs_gloo(tmp_path, capsys):
+    assert main(["--out", str(tmp_path), "--exactness", "--setups", "zero3"]) == 2
+    assert "needs a DDP setup" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--exactness", "--setups", "ddp,zero3+gc"]) == 2
+    assert "micro batches differ (ddp: 4, zero3+gc: 8)" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--ranks-per-gpu", "0", "--setups", "ddp"]) == 2
+    assert "--ranks-per-gpu must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_exactness_report_takes_its_loss_tolerance_from_the_ddp_noise():
+    from benchmarks.harness import exactness
+
+    def row(name, kind, grad, gap):
+        return {"name": name, "kind": kind, "status": "ok", "losses": [2.0, 1.5],
+                "exactness": {"role": "compared", "reference": "ddp", "loss_gap": gap,
+                              "gradients": {"compared": 3, "relative_error": grad, "worst": [{"param": "w", "relative_error": grad}]}}}
+
+    quiet = [row("ddp2", "ddp", 0.001, 0.004), row("z3", "deepspeed", 0.01, 0.011)]
+    limits = exactness.tolerances(quiet)
+    assert limits["loss"] == pytest.approx(0.02) and exactness.verdict(quiet[1], limits) == "within"  # the floor
+    noisy = [row("ddp2", "ddp", 0.001, 0.01), row("z3", "deepspeed", 0.01, 0.025)]
+    assert exactness.tolerances(noisy)["loss"] == pytest.approx(0.03)  # 3x the DDP noise
+    assert exactness.verdict(noisy[1], exactness.tolerances(noisy)) == "within"
+    assert exactness.verdict(row("leaf", "deepspeed", 0.2, 0.001), limits) == "OUTSIDE"  # the gradient fires alone
+    assert exactness.compare({"a": torch.ones(2)}, {"b": torch.ones(2)})["compared"] == 0
+    found = exactness.compare({"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([3.0])},
+                              {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([4.0])})
+    assert found["relative_error"] == pytest.approx(1 / 18 ** 0.5) and found["worst"][0]["param"] == "b"

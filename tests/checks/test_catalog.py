@@ -85,6 +85,9 @@ COVERAGE = {
     "offload-step-fixes": (["trainer/test_offload_overflow.py::test_fix_applied_under_offload_and_trains_the_same_bits",
                             "multiproc/test_accelerate_loop.py::test_prepare_applies_the_offload_fixes_the_trainer_gets"],
                            ["trainer/test_offload_overflow.py::test_quiet_without_offload"]),
+    "leaf-release": (["checks/test_doors.py::"
+                      "test_a_granularity_threshold_leaves_the_fast_leaf_path_for_the_ordinary_release"],
+                     ["checks/test_doors.py::test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release"]),
     "leaf-outputs": (["checks/test_doors.py::test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward"],
                      ["checks/test_doors.py::test_leaves_that_return_tensors_train_as_the_model_without_leaves"]),
     "divergence-watch": (["multiproc/test_divergence.py::test_a_branch_on_one_rank_stops_every_rank_naming_both_modules",

@@ -105,6 +105,20 @@ def test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward(p
     assert result["error"].endswith("[check leaf-outputs]") and "losses" not in result
 
 
+def test_a_granularity_threshold_leaves_the_fast_leaf_path_for_the_ordinary_release(prepare_checks):
+    # any threshold above 0 puts DeepSpeed's leaves on a path that frees their weights without waiting for the GPU
+    # (two ranks on one H200 trained differently from DDP with it): prepare switches it off and says so
+    found = prepare_checks("leaf_layers_threshold")
+    assert found["error"] is None and found["fast_leaf_path"] is False
+    assert ["engine", "leaf-release", "fired"] in found["ran"]
+    assert found["losses"] == prepare_checks("no_leaves")["losses"]
+
+
+def test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release(prepare_checks):
+    found = prepare_checks("leaf_layers")
+    assert found["fast_leaf_path"] is False and ["engine", "leaf-release", "quiet"] in found["ran"]
+
+
 def test_leaves_that_return_tensors_train_as_the_model_without_leaves(prepare_checks):
     # decoder layers return a tensor: the guard stays quiet and the leaves train bit for bit as no leaves do
     layers, plain = prepare_checks("leaf_layers"), prepare_checks("no_leaves")

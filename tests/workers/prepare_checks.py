@@ -83,6 +83,11 @@ def scenarios(model_path: str, out):
             losses.append(loss.item())
         return {"losses": losses}
 
+    def leaf_path(engine, run):  # the steps, and whether DeepSpeed's fast leaf path is still on after prepare
+        from hf_zero.compat.deepspeed_api import param_coordinator
+
+        return {**steps(engine, run), "fast_leaf_path": param_coordinator(engine).fast_sharding_for_leaf_module}
+
     def judged(engine, run):  # the real model and config, judged as two DeepSpeed releases would run them
         return {version: recompute_problems(engine.module, run.config, run.checkpointing_kwargs or {}, version,
                                             in_loop=True) for version in ("0.19.2", "0.19.3")}
@@ -96,7 +101,11 @@ def scenarios(model_path: str, out):
     yield run("lora_non_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": False}, extra=judged)
     yield run("lora_reentrant", config_of("zero3"), adapt=lora, checkpointing={"use_reentrant": True}, extra=judged)
     yield run("leaf_model", config_of("zero3"), adapt=leaves_of("model"), extra=steps)
-    yield run("leaf_layers", config_of("zero3"), adapt=leaves_of("layers"), extra=steps)
+    yield run("leaf_layers", config_of("zero3"), adapt=leaves_of("layers"), extra=leaf_path)
+    # any granularity threshold above 0 turns DeepSpeed's fast leaf path on; 1 makes no module a leaf by itself. On CPU
+    # gpu-only-settings would set it to 0 (that path's release fails on CPU tensors), so it is skipped here
+    yield run("leaf_layers_threshold", config_of("zero3", stage3_module_granularity_threshold=1),
+              adapt=leaves_of("layers"), extra=leaf_path, accelerator_options={"skip_checks": ["gpu-only-settings"]})
     yield run("no_leaves", config_of("zero3"), extra=steps)
     # a host smaller than the model states: the node's memory as psutil reports it, 1 MiB
     real = psutil.virtual_memory
