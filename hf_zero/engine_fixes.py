@@ -39,10 +39,10 @@ def leaf_release_after_compute(engine, version: str | None = None) -> str | None
     (``fast_sharding_for_leaf_module``): it gathers a leaf's weights on its all-gather stream, and at the leaf's release
     drops them without ``record_stream``, where every other module's release records the compute stream first. The
     caching allocator then hands that memory to the next all-gather (the next module's prefetch, on the all-gather
-    stream) while the compute stream may still be reading the weights: kernels read the next module's weights instead.
-    On CPU and on one rank nothing is gathered into freed memory in time to show; two ranks on one H200 trained
-    differently from DDP with it and as DDP does without it (benchmarks/1xH200/two_ranks). The ordinary path keeps
-    the leaf's single all-gather per module; only the early reuse of its memory goes."""
+    stream) while the compute stream may still be reading the weights: kernels can read the next module's weights
+    instead. CPU tensors have no streams, so CPU ranks never see it. The ordinary path keeps the leaf's single
+    all-gather per module; only the early reuse of its memory goes (read in DeepSpeed 0.18.0 and 0.19.8; the two-rank
+    GPU measurement is in benchmarks/1xH200/two_ranks when it has been made)."""
     coordinator = param_coordinator(engine)
     if coordinator is None or not getattr(coordinator, "fast_sharding_for_leaf_module", False):
         return None

@@ -26,11 +26,11 @@ from ..trainer.padding import padding_advice
 from ..trainer.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
-from ..zero3.leaves import returns_model_output, trains, watch_leaf_outputs
+from ..zero3.leaves import leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
-from .pipeline import Check, warning
+from .pipeline import Check, Line, warning
 
 
 # ---- config: the launch and the live DeepSpeed config ------------------------------------------------------------
@@ -267,6 +267,15 @@ def leaf_release(run) -> list:
     return [note] if note else []
 
 
+def leaf_ranks(run) -> list:
+    """Under ZeRO-3 on several GPU ranks, leaf modules of classes the two-rank gate has not proven are named (nothing is
+    refused)."""
+    if run.stage != 3:
+        return []
+    found = leaves_on_ranks(getattr(run.engine, "module", run.engine), run.launched, not run.on_cpu)
+    return [Line(*found)] if found else []
+
+
 def leaf_outputs(run) -> list:
     """Under ZeRO-3, each trainable leaf module's first output is a Tensor or a tuple, or the run stops naming it
     (a leaf returning a ModelOutput would never train)."""
@@ -348,6 +357,8 @@ CHECKS = (
           off="overlap_offload_copies=False; offload_step_in_forward"),
     Check("leaf-release", "engine", "info", leaf_release,
           "ZeRO-3 leaf modules release their weights after the GPU has used them (exact on several ranks)"),
+    Check("leaf-ranks", "engine", "warning", leaf_ranks,
+          "ZeRO-3 leaf modules on several GPU ranks that the two-rank exactness gate has not proven are named"),
     Check("leaf-outputs", "engine", "error", leaf_outputs,
           "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
     Check("divergence-watch", "engine", "error", divergence_watch,
