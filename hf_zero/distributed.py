@@ -95,6 +95,9 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
     # DeepSpeed 0.19 calls these on every step; torch's rename warning would flood the logs
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
     ensure_single_process_env()
+    from .compat.op_builds import prepare_op_builds
+
+    prepare_op_builds()  # on CPU the process group builds DeepSpeed's shm_comm op
     import deepspeed
 
     kwargs = {}

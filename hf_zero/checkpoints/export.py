@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..compat.deepspeed_api import fp32_state_dict_from_zero_checkpoint, zero_checkpoint_tensors
 from ..errors import CheckpointError, ConfigError
-from .folders import ensure_complete, find_zero_checkpoint, shape_mismatches
+from ..output_paths import refuse_overlaps
+from .folders import checkpoint_within, ensure_complete, find_zero_checkpoint, shape_mismatches
 from .safe_load import guard_deepspeed_loads
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -34,7 +35,14 @@ def _progress(message: str) -> None:
 def _check_output(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a folder; pick another output folder.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    # replacing OUT deletes what it holds: a checkpoint there is refused even with --overwrite
+    held = checkpoint_within(out)
+    if held is not None:
+        raise CheckpointError(f"{out} holds a checkpoint ({held}); nothing was written, and --overwrite never deletes "
+                              "a checkpoint. Pick another output folder, or move the checkpoint out of it first.")
+    if not overwrite:
         raise CheckpointError(f"{out} exists and is not empty; nothing was written. Pick an empty folder or pass "
                           "--overwrite to replace it (it is replaced only after the export succeeds).")
 
@@ -124,8 +132,9 @@ def export(checkpoint, out, *, dtype: str | None = None, max_shard_size="5GB", o
 
     ``dtype`` (bf16 / fp16 / fp32) converts; by default the weights keep the precision the run trained in
     (config.json's dtype), so they equal the engine's. Refuses, before writing anything, a folder that is not a checkpoint, one with missing or
-    truncated rank files, a pickle that would run code (unless ``trust_checkpoint``) and a
-    non-empty ``out`` (unless ``overwrite``). The export is built in a temporary folder beside
+    truncated rank files, a pickle that would run code (unless ``trust_checkpoint``), a
+    non-empty ``out`` (unless ``overwrite``), an ``out`` that is, contains or lies inside the checkpoint, and an ``out``
+    holding a checkpoint (never deleted, ``overwrite`` or not). The export is built in a temporary folder beside
     ``out`` and moved into place only when complete, so a failure never leaves a half-written
     model where a good one was.
     """
@@ -134,11 +143,14 @@ def export(checkpoint, out, *, dtype: str | None = None, max_shard_size="5GB", o
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}.")
     if not checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} is not a folder. Pass a Trainer checkpoint-N/ folder or a DeepSpeed save folder.")
+    refuse_overlaps({"OUT": out}, {"CHECKPOINT": checkpoint, "--config": config_dir})
     _check_output(out, overwrite)
     zero = find_zero_checkpoint(checkpoint)
     if zero is None:
         raise CheckpointError(f"{checkpoint} holds no DeepSpeed ZeRO checkpoint (no global_step*/ folder and no 'latest' "
                           "file). Pass the checkpoint-N/ folder the Trainer wrote, or the global_stepN/ folder in it.")
+    # given its global_stepN/, the checkpoint is the folder around it (config.json, latest)
+    refuse_overlaps({"OUT": out}, {"the checkpoint folder": zero.root})
     ensure_complete(zero, checkpoint, trust=trust_checkpoint, refused="cannot be exported",
                     remedy="Export an earlier complete checkpoint (hf-zero verify tells which are).")
     if zero.universal:

@@ -7,6 +7,7 @@ no trainer_state.json, yet ``get_last_checkpoint`` still picks the folder. Every
 reads only file names, sizes, zip directories and the small rank-0 model-states record.
 """
 
+import os
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -52,6 +53,18 @@ def find_zero_checkpoint(folder) -> ZeroCheckpoint | None:
     tags = sorted((p for p in folder.glob("global_step*") if p.is_dir() and not p.name.endswith("_universal")),
                   key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
     return ZeroCheckpoint(folder, tags[-1].name) if tags else None
+
+
+def checkpoint_within(folder) -> Path | None:
+    """The first checkpoint at or under ``folder`` (a ``checkpoint-N/``, a DeepSpeed save with ``latest`` or
+    ``global_step*/``, a rank's model-states file, a ``trainer_state.json``), else None: what no replacing of a
+    folder may delete."""
+    for root, dirs, files in os.walk(folder):
+        path = Path(root)
+        if (_CHECKPOINT_NAME.match(path.name) or TRAINER_STATE in files or "latest" in files
+                or any(d.startswith("global_step") for d in dirs) or any(f.endswith("model_states.pt") for f in files)):
+            return path
+    return None
 
 
 def _zip_problem(path: Path) -> str | None:

@@ -1,11 +1,12 @@
 """The ``hf-zero`` command: a thin entry that hands each subcommand its own module."""
 
 import argparse
+import contextlib
 import sys
 
-from ..distributed import name_cpu_accelerator
 from ..errors import HfZeroError
 from . import check, export, finetune, plan, presets, verify
+from .streams import deepspeed_logs_on_stderr
 
 _SUBCOMMANDS = (presets, check, plan, finetune, export, verify)
 
@@ -28,10 +29,11 @@ def main(argv=None) -> int:
         args.rest = unknown + args.rest
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if getattr(args, "loads_deepspeed", False):
-        name_cpu_accelerator()
+    # finetune's --help must not wait for DeepSpeed: it enters the same context itself, after that
+    quiet = deepspeed_logs_on_stderr() if getattr(args, "loads_deepspeed", False) else contextlib.nullcontext()
     try:
-        return args.run(args)
+        with quiet:
+            return args.run(args)
     except (HfZeroError, ValueError, OSError) as e:
         # Bad input: one message saying what and how to fix, never a traceback.
         print(f"hf-zero {args.command}: error: {e}", file=sys.stderr)

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from ..config.dotted import offload_devices
 from ..config.json_file import read_json_object
-from ..config.presets import load_config
+from ..config.presets import is_preset_name, load_config, preset_path
 from ..config.validate import validate_config
 from ..distributed import has_gpu
 from ..errors import ConfigError
+from ..output_paths import refuse_overlaps
 
 
 def add_parser(subparsers):
@@ -95,6 +96,10 @@ def run(args) -> int:
         print("installed releases (hf_zero's tested windows: docs/versions.md):")
         print_stack(sys.stdout)
         return 0
+    if args.fix:
+        config_file = preset_path(args.config) if is_preset_name(args.config) else args.config
+        refuse_overlaps({"--fix": args.fix}, {"CONFIG": config_file, "--args": args.args,
+                                              "--model": args.model if args.model and Path(args.model).exists() else None})
     for flag in ("world_size", "sequence_parallel"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")

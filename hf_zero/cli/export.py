@@ -14,12 +14,13 @@ def add_parser(subparsers):
                                           "16-bit gathering) into sharded safetensors with an index, config, generation "
                                           "config and tokenizer, loadable with from_pretrained.")
     p.add_argument("checkpoint", help="a Trainer checkpoint-N/ folder, a DeepSpeed save folder or its global_stepN/")
-    p.add_argument("out", help="output model folder (must be empty or new unless --overwrite)")
+    p.add_argument("out", help="output model folder (must be empty or new unless --overwrite; outside CHECKPOINT)")
     p.add_argument("--dtype", choices=DTYPES, help="convert the weights to this dtype (default: the dtype the run "
                                                   "trained in, from the checkpoint's config.json, so they equal its weights)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file, e.g. 5GB or 500MB")
     p.add_argument("--config", metavar="DIR", help="folder with config.json/tokenizer when the checkpoint has none")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (only once the export succeeded)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (only once the export succeeded; never one that holds a "
+                                                          "checkpoint)")
     add_checkpoint_flags(p, json_help="print the summary as JSON")
     p.set_defaults(run=run, loads_deepspeed=True)
     return p

@@ -17,9 +17,8 @@ def run(args) -> int:
 
         finetune_parser().print_help()
         return 0
-    from ..distributed import name_cpu_accelerator
     from ..finetune.train import main
+    from .streams import deepspeed_logs_on_stderr
 
-    name_cpu_accelerator()
-
-    return main(args.rest)
+    with deepspeed_logs_on_stderr():
+        return main(args.rest)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
+from ..output_paths import refuse_overlaps
 from ..planner import (GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, PARTIAL_OFFLOAD_SUB_GROUP, SETUPS, SUB_GROUP, ModelShape,
                        RunShape, make_plan)
 
@@ -351,8 +352,17 @@ def configs_to_plan(args) -> dict | None:
     return {**{name: None for name in SETUPS}, **{name: load_config(name) for name in others}}
 
 
+def _refuse_writing_over_inputs(args) -> None:
+    from ..config.presets import is_preset_name, preset_path
+
+    config = preset_path(args.config) if is_preset_name(args.config) else args.config
+    refuse_overlaps({"--write": args.write, "--plot": args.plot, "--largest-configs": args.largest_configs},
+                    {"MODEL": args.model if Path(args.model).exists() else None, "--config": config})
+
+
 def run(args) -> int:
     _check_numbers(args)
+    _refuse_writing_over_inputs(args)
     configs = configs_to_plan(args)
     configs_dir = _largest_dir(args)
     lora_r, lora_targets = _lora(args)

@@ -4,8 +4,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..config.accelerate_yaml import inline_deepspeed_config
-from ..config.presets import accelerate_config_path, load_config, preset_descriptions, preset_path
+from ..config.accelerate_yaml import inline_deepspeed_config, yaml_deepspeed_config
+from ..config.presets import (accelerate_config_path, launch_config_description, launch_config_names, load_config,
+                              preset_descriptions, preset_names, preset_path)
+from ..errors import ConfigError
+from ..output_paths import refuse_overlaps
 
 COMPILE_HINT = "# Faster on GPUs: regional torch.compile."  # the zero2 YAML's commented-out hint, replaced
 # Accelerate's own config keys (accelerate config asks for them as dynamo_*)
@@ -17,8 +20,10 @@ ZERO3_COMPILE_NOTE = ("note: under ZeRO-3, compile through the HF Trainer with h
 
 def add_parser(subparsers):
     p = subparsers.add_parser("presets", help="list the DeepSpeed presets, or print the path of one",
-                              description="Without NAME: list the presets. With NAME: print its JSON path.")
-    p.add_argument("name", nargs="?", help="preset name, e.g. zero3")
+                              description="Without NAME: list the presets and the Accelerate configs. With NAME: print "
+                                          "the preset's JSON path (an Accelerate config's YAML path).")
+    p.add_argument("name", nargs="?", help="preset name, e.g. zero3, or an Accelerate config's, e.g. zero3_multinode "
+                                           "(prints the YAML's path)")
     p.add_argument("--out", help="write the resolved config (with --nvme-path filled in) to this JSON file")
     p.add_argument("--nvme-path", help="NVMe folder for zero3_nvme")
     p.add_argument("--accelerate-config", metavar="YAML",
@@ -27,7 +32,7 @@ def add_parser(subparsers):
     p.add_argument("--torch-compile", action="store_true",
                    help="with --accelerate-config: switch on Accelerate's regional torch.compile (GPUs; the first "
                         "steps compile)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, loads_deepspeed=True)
     return p
 
 
@@ -37,34 +42,61 @@ def with_regional_compile(yaml_text: str) -> str:
     return head.rstrip("\n") + "\n# regional torch.compile (hf-zero presets --torch-compile); the first steps compile\n" + REGIONAL_COMPILE
 
 
+def _listing() -> int:
+    lines = dict(preset_descriptions())
+    lines.update({name: launch_config_description(name) for name in launch_config_names()})
+    width = max(map(len, lines))
+    for name, line in lines.items():
+        print(f"{name:<{width}}  {line}")
+    print("\nUse: --deepspeed $(hf-zero presets zero3)   or   accelerate launch --config_file "
+          "$(hf-zero presets zero3 --accelerate-config zero3.yaml) train.py")
+    return 0
+
+
+def _sources(name: str) -> tuple:
+    """(the preset's JSON or None, its Accelerate YAML or None, its DeepSpeed config source) for a preset name or a
+    launch-only YAML's name."""
+    if name.removesuffix(".json") in preset_names():
+        yaml_path = accelerate_config_path(name.removesuffix(".json"))
+        return preset_path(name), yaml_path if yaml_path.exists() else None, name
+    if name.removesuffix(".yaml") in launch_config_names():
+        yaml_path = accelerate_config_path(name.removesuffix(".yaml"))
+        return None, yaml_path, yaml_deepspeed_config(yaml_path)
+    raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(preset_names())}, or an Accelerate config: "
+                      f"{', '.join(launch_config_names())} (or pass a path to a DeepSpeed JSON file)")
+
+
 def run(args) -> int:
     if args.name is None:
-        descriptions = preset_descriptions()
-        width = max(map(len, descriptions))
-        for name, line in descriptions.items():
-            print(f"{name:<{width}}  {line}")
-        print("\nUse: --deepspeed $(hf-zero presets zero3)   or   accelerate launch --config_file "
-              "$(hf-zero presets zero3 --accelerate-config zero3.yaml) train.py")
-        return 0
-    json_path = preset_path(args.name)
+        return _listing()
+    json_path, yaml_path, source = _sources(args.name)
+    refuse_overlaps({"--out": args.out, "--accelerate-config": args.accelerate_config},
+                    {"the preset": json_path, "the preset's Accelerate config": yaml_path})
     if args.nvme_path and not (args.out or args.accelerate_config):
         raise ValueError("--nvme-path needs --out FILE or --accelerate-config FILE to write the resolved config to")
-    config = load_config(args.name, nvme_path=args.nvme_path) if args.out or args.accelerate_config else None
-    if args.out:
-        json_path = Path(args.out).resolve()
-        json_path.write_text(json.dumps(config, indent=2) + "\n")
     if args.torch_compile and not args.accelerate_config:
         raise ValueError("--torch-compile is written into an Accelerate config: add --accelerate-config FILE "
                          "(with the Trainer, pass --torch_compile to the training script instead)")
+    if args.accelerate_config and yaml_path is None:
+        raise ConfigError(f"the preset {args.name!r} has no Accelerate config in recipes/accelerate/. Fix: write "
+                          "one there (hf_zero.config.accelerate_yaml.inline_deepspeed_config), or use --out")
+    config = load_config(source, nvme_path=args.nvme_path) if args.out or args.accelerate_config else None
+    if args.out:
+        json_path = Path(args.out).resolve()
+        json_path.write_text(json.dumps(config, indent=2) + "\n")
     if args.accelerate_config:
         # the YAML carries the config inline, so the copy works wherever it is launched from
-        yaml_text = inline_deepspeed_config(accelerate_config_path(args.name).read_text(), config)
+        yaml_text = inline_deepspeed_config(yaml_path.read_text(), config)
         if args.torch_compile:
             yaml_text = with_regional_compile(yaml_text)
             if config["zero_optimization"]["stage"] == 3:
                 print(ZERO3_COMPILE_NOTE, file=sys.stderr)
         Path(args.accelerate_config).write_text(yaml_text)
         print(Path(args.accelerate_config).resolve())
+        return 0
+    if json_path is None:  # a launch-only YAML: its path is the answer
+        print(f"{args.name} is an Accelerate config: accelerate launch --config_file PATH train.py", file=sys.stderr)
+        print(yaml_path)
         return 0
     print(json_path)
     return 0

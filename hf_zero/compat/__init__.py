@@ -5,11 +5,13 @@
   runs;
 - ``deepspeed_api``: the DeepSpeed releases each engine fix was read against, and the WARNING a run
   logs once when the installed DeepSpeed is outside one;
-- ``hf_api``: transformers, accelerate and torch names that moved or were renamed between releases.
+- ``hf_api``: transformers, accelerate and torch names that moved or were renamed between releases;
+- ``op_builds``: where DeepSpeed's compiled ops are cached (one folder per Python environment), and the line a first
+  build prints.
 
 The rest of the package asks these modules instead of testing versions or attributes itself.
 """
 
-from . import deepspeed_api, hf_api, releases
+from . import deepspeed_api, hf_api, op_builds, releases
 
-__all__ = ["deepspeed_api", "hf_api", "releases"]
+__all__ = ["deepspeed_api", "hf_api", "op_builds", "releases"]

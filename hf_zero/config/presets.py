@@ -107,9 +107,25 @@ def _read_json(path: Path) -> dict:
 
 
 def accelerate_config_path(name: str) -> Path:
-    """Path of the Accelerate YAML that launches a preset (it carries the preset's JSON inline)."""
-    preset_path(name)
+    """Path of the Accelerate YAML that launches a preset (it carries the preset's JSON inline), or of a launch-only
+    YAML (``launch_config_names``)."""
+    if name not in launch_config_names():
+        preset_path(name)
     return _presets_dir() / "accelerate" / f"{name}.yaml"
+
+
+def launch_config_names() -> list:
+    """The Accelerate YAMLs in recipes/accelerate/ with no JSON of their own (e.g. zero3_multinode): each launches a
+    preset in another layout (several machines, sequence parallelism), by name."""
+    presets = set(preset_names())
+    return sorted(p.stem for p in (_presets_dir() / "accelerate").glob("*.yaml") if p.stem not in presets)
+
+
+def launch_config_description(name: str) -> str:
+    """A launch-only YAML's one line: its header's first sentence (up to the first colon)."""
+    first = next((line.lstrip("# ").strip() for line in accelerate_config_path(name).read_text().splitlines()
+                  if line.startswith("#")), "")
+    return "Accelerate config" + (f": {first.split(':')[0].rstrip('.')}" if first else "")
 
 
 def preset_name_of(config: dict) -> str | None:

@@ -40,8 +40,10 @@ def load_table(data, split_ratio=0.2, seed=0):
     """Load `data` (file, glob, folder or `datasets` name) as a DatasetDict with "train" and "validation"."""
     kind = _file_type(data)
     if kind in _BUILDERS:
-        if not glob.glob(data):
+        files = sorted(glob.glob(data))
+        if not files:
             raise ValueError(f"no file matches {data!r}; check the path (globs like 'data/*.csv' are allowed)")
+        _refuse_empty_files(files)
         builder, options = _BUILDERS[kind]
         try:
             dsd = datasets.load_dataset(builder, data_files=data, **options)
@@ -64,6 +66,16 @@ def load_table(data, split_ratio=0.2, seed=0):
         parts = dsd["train"].train_test_split(test_size=split_ratio, seed=seed)
         return DatasetDict(train=parts["train"], validation=parts["test"])
     return DatasetDict(train=dsd["train"], validation=held_out)
+
+
+def _refuse_empty_files(files):
+    """`datasets` ends an empty .json/.jsonl in a bare StopIteration and an empty .csv in DatasetGenerationError."""
+    for name in files:
+        path = Path(name)
+        # whitespace only is empty too; a large file is not read (it holds something), nor a compressed one
+        if path.is_file() and (path.stat().st_size == 0 or (
+                path.stat().st_size <= 4096 and _file_type(path) == path.suffix.lower() and not path.read_bytes().strip())):
+            raise ValueError(f"{name!r} holds no rows (the file is empty); put the data in it, or leave it out of --data")
 
 
 def _require_columns(dsd, *columns, hint=""):

@@ -7,6 +7,7 @@ Every TrainingArguments flag passes through.
 """
 
 import copy
+import glob
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from transformers import HfArgumentParser, Trainer
 from ..config.presets import preset_name_of
 from ..distributed import gpu_memory_bytes, has_gpu, is_main_process, name_cpu_accelerator, shutdown
 from ..errors import HfZeroError
+from ..output_paths import refuse_overlaps
 from ..trainer.callback import attach
 from ..trainer.training_args import TrainingArguments, accelerate_deepspeed_file
 from .args import finetune_parser
@@ -60,7 +62,16 @@ def parse(argv):
         defaults += ["--deepspeed", ft.preset]
     check_model_source(ft)
     [args] = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=rest + defaults)
+    refuse_overlaps({"--output_dir": args.output_dir}, _local_inputs(ft))
     return ft, args
+
+
+def _local_inputs(ft) -> dict:
+    """The local model folder and data files a run reads, which its output_dir must leave alone."""
+    inputs = {"--model": ft.model} if Path(ft.model).exists() else {}
+    files = sorted(glob.glob(ft.data))
+    inputs.update({"--data" if len(files) == 1 else f"--data's {Path(f).name}": f for f in files})
+    return inputs
 
 
 def _plot_losses(history, path):

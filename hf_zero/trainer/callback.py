@@ -11,6 +11,7 @@ from transformers.trainer_callback import ExportableState
 from ..checkpoints.folders import set_aside_partial
 from ..checks import CHECKS, RunContext, check_options, raise_errors, run_moment
 from ..compat.hf_api import enable_model_checkpointing, model_checkpointing_on, rotate_checkpoints
+from ..compat.op_builds import prepare_op_builds
 from ..config.live import deepspeed_config_of
 from ..distributed import barrier, from_rank0
 from ..engine_fixes import finish_offload_step
@@ -217,6 +218,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         config = deepspeed_config_of(trainer.args)
         if config is None:
             return
+        prepare_op_builds()  # the engine builds fused Adam / cpu_adam at the first step
         run = self._run_of(trainer, config)
         for moment in ("config", "model"):
             raise_errors(run_moment(CHECKS, moment, run))

@@ -149,6 +149,22 @@ def test_export_into_a_non_empty_folder_needs_overwrite(gather_off_run, tmp_path
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
 
 
+def test_export_onto_its_own_checkpoint_keeps_the_checkpoint(gather_off_run, tmp_path):
+    """`hf-zero export CKPT CKPT --overwrite` (the "not empty" message once suggested --overwrite) replaced the
+    checkpoint with its export; OUT over another checkpoint was deleted the same way."""
+    ckpt = tmp_path / "checkpoint-2"
+    shutil.copytree(gather_off_run, ckpt)
+    other = tmp_path / "other" / "checkpoint-2"
+    shutil.copytree(gather_off_run, other)
+    files = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    for out in (ckpt, other):
+        proc = hf_zero_cli("export", ckpt, out, "--overwrite")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "is the input" in proc.stderr or "never deletes a checkpoint" in proc.stderr, proc.stderr
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == files
+    assert hf_zero_cli("verify", ckpt).returncode == 0
+
+
 def test_verify_passes_complete_checkpoints(trained):
     run = trained("gpt2", "zero2", 1, "--save-steps", "2", "--steps", "2")
     proc = hf_zero_cli("verify", run / "checkpoint-2", run / "final")

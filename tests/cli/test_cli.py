@@ -144,3 +144,13 @@ def test_check_not_a_config_exit_2(tmp_path, capsys, content, message):
     path.write_text(content)
     assert main(["check", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["empty.json", "empty.jsonl", "empty.csv"])
+def test_finetune_on_an_empty_data_file_is_one_message(tiny_models, tmp_path, capsys, name):
+    data = tmp_path / name
+    data.write_text("")
+    assert main(["finetune", "--model", str(tiny_models["llama_tok"]), "--data", str(data), "--task", "causal_lm",
+                 "--output_dir", str(tmp_path / "out"), "--no_reload_check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{name}' holds no rows" in err and "Traceback" not in err and err.count("error:") == 1, err

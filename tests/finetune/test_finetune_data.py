@@ -62,6 +62,27 @@ def test_load_table_missing_or_empty_file(tmp_path):
         data.load_table(str(tmp_path / "empty.csv"))
 
 
+@pytest.mark.parametrize("name, content", [("a.json", ""), ("a.jsonl", ""), ("a.csv", ""), ("a.jsonl", "\n \n"),
+                                           ("a.json", "  \n")])
+def test_load_table_empty_file_is_one_message_naming_it(tmp_path, name, content):
+    """datasets ends an empty .json/.jsonl in StopIteration and an empty .csv in DatasetGenerationError."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=f"{name}.* holds no rows"):
+        data.load_table(str(path))
+    # a glob over a full file and the empty one
+    full = {".json": json.dumps([{"text": "t", "label": 0}]), ".jsonl": json.dumps({"text": "t", "label": 0}) + "\n",
+            ".csv": "text,label\nt,0\n"}[path.suffix]
+    (tmp_path / f"b{path.suffix}").write_text(full)
+    with pytest.raises(ValueError, match=f"{name}.* holds no rows"):
+        data.load_table(str(tmp_path / f"*{path.suffix}"))
+
+
+def test_load_table_one_row_file_passes_the_empty_check(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([{"text": "t", "label": 0}, {"text": "u", "label": 1}]))
+    assert data.load_table(str(tmp_path / "a.json"), split_ratio=0.5)["train"].num_rows == 1
+
+
 # ---- classification ---------------------------------------------------------
 
 
