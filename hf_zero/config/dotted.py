@@ -38,7 +38,8 @@ def tensor_parallel_size(config: dict) -> int:
 def offload_devices(config: dict) -> set:
     """Where zero_optimization's offload_optimizer / offload_param blocks put states ("cpu", "nvme")."""
     blocks = (get_dotted(config, f"zero_optimization.{b}") for b in ("offload_optimizer", "offload_param"))
-    return {block.get("device") for block in blocks if isinstance(block, dict)} & {"cpu", "nvme"}
+    devices = (block.get("device") for block in blocks if isinstance(block, dict))
+    return {device for device in devices if isinstance(device, str)} & {"cpu", "nvme"}  # a malformed value is no device
 
 
 def optimizer_on_host(config: dict) -> bool:
