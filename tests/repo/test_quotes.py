@@ -13,7 +13,8 @@ from; this test recomputes it and compares it with the text as written, rounded 
 - A row quote says what the row is: ``shipped`` (the preset exactly as ``recipes/`` ships it, or the Trainer's
   own DDP / FSDP; only the batch may differ) or ``differs=KEY,...`` (exactly those top-level keys of the
   DeepSpeed config, or of the setup: ``args``, ``env``, ...; ``base`` for a config that is no preset), which the
-  text next to the number must say. The row a ratio divides by may differ in those keys, or fewer.
+  text next to the number must say. The row a ratio divides by may differ in those keys, or fewer, unless a
+  second ``shipped`` / ``differs=`` names exactly how it differs.
 - A row quoted for its speed (``tokens_per_s``) must train as DDP does: its mean loss within the harness's
   LOSS_TOLERANCE of the DDP row of the same file and gradient-checkpointing setting, where both logged losses.
 - The number is the one written right before the comment: ``54,028``, ``20.22``, ``93%`` (a fraction written as
@@ -129,11 +130,13 @@ def value_of(spec: str) -> float:
             return float(dig(data, expr[1:]))
         except (KeyError, IndexError, ValueError, TypeError) as e:
             raise ValueError(f"{path}: no number at {expr} ({e!r})") from None
-    if len(kind) != 1 or not (kind[0] == "shipped" or kind[0].startswith("differs=")):
-        raise ValueError("a row quote says 'shipped' or 'differs=KEY,...' after the field")
-    said = set() if kind[0] == "shipped" else set(kind[0][len("differs="):].split(","))
+    if len(kind) not in (1, 2) or not all(k == "shipped" or k.startswith("differs=") for k in kind):
+        raise ValueError("a row quote says 'shipped' or 'differs=KEY,...' after the field (and may say it again "
+                         "for the row a ratio divides by)")
+    saids = [set() if k == "shipped" else set(k[len("differs="):].split(",")) for k in kind]
     values, rows = [], []
-    for term in expr.split("/"):
+    for index, term in enumerate(expr.split("/")):
+        said = saids[min(index, len(saids) - 1)]
         name, _, field = term.partition(":")
         try:
             row = row_of(data, name)
@@ -144,7 +147,7 @@ def value_of(spec: str) -> float:
             raise ValueError(f"{path}: row {name!r} did not run ({row.get('status')})")
         differs = config_differences(row)
         # the quoted row differs exactly as said; the row a ratio divides by differs in no more than that
-        if differs != said if not rows else not differs <= said:
+        if differs != said if not rows or len(saids) == 2 else not differs <= said:
             raise ValueError(f"{path}: row {name!r} differs from what ships in {sorted(differs) or 'nothing'}, "
                              f"the quote says {sorted(said) or 'shipped'}")
         if field == "tokens_per_s":
