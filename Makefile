@@ -1,5 +1,5 @@
 # make demo  - the main job: fine-tune a real model with the ZeRO-3 preset on 2 processes
-# make test  - the test suite (real DeepSpeed on CPU; about 13 min on 2 cores from a fresh clone, its op build included)
+# make test  - the test suite (real DeepSpeed on CPU; the first run also builds its ops)
 # make test-floor - part of the suite with every dependency at the oldest release setup.cfg declares (CI runs it)
 # Both set themselves up in .venv. torch is pinned to the local CPU wheel: unpinned, pip pulls a multi-GB CUDA build.
 
@@ -56,8 +56,8 @@ test-floor: $(FLOOR_VENV)/.installed
 		$(FLOOR_VENV)/bin/python -m pytest -q -m "not nvme and not long and not slow" $(FLOOR_TESTS) --durations=5
 
 # The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
-# variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build): about 8 minutes
-# more than make test; .ci/run runs it after make test
+# variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build), which
+# make test leaves out; .ci/run runs it after make test
 test-long: $(VENV)/.demo
 	$(PY) -m pytest -q -m "long or slow" --durations=10
 
@@ -72,6 +72,7 @@ test-multiproc: $(VENV)/.installed
 	$(PY) -m pytest -q -m multiproc
 
 # DDP, FSDP, HF "auto" DeepSpeed configs and every preset side by side (a 1.35B model on GPUs, a tiny one on CPU)
+# with the harness defaults only: make passes no flags; run `python -m benchmarks.harness --help` for them
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.harness --out bench_out
 

@@ -1,4 +1,4 @@
-"""results.md and largest.png from plan.json (hf-zero plan --largest) and the real runs in runs/ (hf-zero bench).
+"""results.md and largest.png from plan.json (hf-zero plan --largest) and the real runs in runs/ (python -m benchmarks.harness).
 
     python benchmarks/1xH200/largest/summarize.py
 """
@@ -72,7 +72,7 @@ def host_peak_lines(runs: dict, top: int = 8) -> list:
             continue
         rises = [r for r in peaks["rises"] if r["phase"] != "save"][:top]
         lines += [f"### {setup}: what raised the host's peak", "",
-                  f"`hf-zero bench --host-peaks`: {peaks['start_gib']:.2f} GiB at launch; before the save "
+                  f"`python -m benchmarks.harness --host-peaks`: {peaks['start_gib']:.2f} GiB at launch; before the save "
                   f"the peak is {run['host_memory']['peak_rss_gib']:.1f} GiB.", "",
                   "| phase | raised by | GiB |", "|---|---|---|"]
         lines += [f"| {r['phase']} | `{r['code'].split('site-packages/')[-1].replace('/tmp/site/', '')}` "
@@ -112,7 +112,7 @@ def main() -> None:
              "heads, vocabulary 32,000) that each setup trains on one H200 (139.8 GiB) with its 125 GiB of host "
              "memory and 50 GiB of disk for NVMe swap files, at sequence 1024, micro batch 1, gradient "
              "checkpointing, as `hf-zero plan --largest` finds it within 90% of each resource; *limit* is the "
-             "resource one more layer would overflow. The runs train that model with `hf-zero bench` for 3 steps "
+             "resource one more layer would overflow. The runs train that model with `python -m benchmarks.harness` for 3 steps "
              "(1 warm-up), zero3_nvme for 2 (1 warm-up; about a minute each), then save the 16-bit model and "
              "reload it against the engine's weights. *Measured host RSS* is the process's peak until the save "
              "(ru_maxrss), *pinned* torch's pinned pool (DeepSpeed's aio buffers are page-locked outside it); "

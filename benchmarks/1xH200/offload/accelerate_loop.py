@@ -29,7 +29,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--setting", choices=["in-forward", "deepspeed-step", "plain"], required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--model", default="1.35b", help="a built-in model of hf-zero bench (tiny: a CPU smoke run)")
+    p.add_argument("--model", default="1.35b", help="a built-in model of python -m benchmarks.harness (tiny: a CPU smoke run)")
     p.add_argument("--micro-batch", type=int, default=32)
     p.add_argument("--accumulation", type=int, default=2)
     p.add_argument("--seq", type=int, default=1024)

@@ -1,10 +1,10 @@
-"""Build results.json from the raw `hf-zero bench` files in sweeps/ (each keeps the command that made it).
+"""Build results.json from the raw `python -m benchmarks.harness` files in sweeps/ (each keeps the command that made it).
 
 Rows keep their own date; the merged file's `runs` lists every sweep's command. Some rows are renamed so that each
 name is unique and says its preset; two rows each of call3 and call12 are left out (see benchmarks/README.md). Afterwards
-`hf-zero bench --report results.json --replan` recomputes the planner column and writes results.md and bench.png.
+`python -m benchmarks.harness --report results.json --replan` recomputes the planner column and writes results.md and bench.png.
 
-    python benchmarks/1xH200/offload/merge.py && hf-zero bench --report benchmarks/1xH200/offload/results.json --replan
+    python benchmarks/1xH200/offload/merge.py && python -m benchmarks.harness --report benchmarks/1xH200/offload/results.json --replan
 """
 
 import json
