@@ -727,6 +727,7 @@ class _Counting:
 
 
 @pytest.mark.multiproc
+@pytest.mark.long  # 4 tiny launches (~70 s); make test-long
 def test_exactness_compares_each_setup_with_ddp_on_the_same_data(tmp_path):
     # 2 CPU ranks, every parameter's first-step gradient and the loss of every step against DDP's: DDP against DDP is
     # exact, ZeRO-2/3 differ by bf16 rounding; a setup that trains something else (a learning rate 300x) is OUTSIDE
