@@ -169,7 +169,7 @@ def _with_preset_optimizer(config: dict, optimizer):
 
 
 def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False, offload_step_chunk: int | None = None,
-            divergence_check: str = "first_steps", vision_in_step: str = "keep", moe_leaves: str = "auto",
+            divergence_check: str = "whole_run", vision_in_step: str = "keep", moe_leaves: str = "auto",
             cast_adapters: bool = True, offload_threads=AUTO, overlap_offload_copies: bool = True, skip_checks=()):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, with hf_zero.checks' list around it: the list
     ZeroCallback runs for the Trainer (docs/run-checks.md). The model checks run before the engine is built (world size,

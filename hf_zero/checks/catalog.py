@@ -287,7 +287,7 @@ def leaf_outputs(run) -> list:
 def divergence_watch(run) -> list:
     """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
     diverge stop with the modules named instead of hanging)."""
-    run.kept["fetch_watch"] = watch_fetch_order(run.engine, run.options.get("divergence_check", "first_steps"))
+    run.kept["fetch_watch"] = watch_fetch_order(run.engine, run.options.get("divergence_check", "whole_run"))
     return []
 
 

@@ -10,7 +10,7 @@ from .catalog import CHECK_IDS
 from .pipeline import skip_problem
 
 
-def option_problems(*, offload_step_chunk=None, divergence_check="first_steps", vision_in_step="keep",
+def option_problems(*, offload_step_chunk=None, divergence_check="whole_run", vision_in_step="keep",
                     moe_leaves="auto", skip_checks=()) -> list:
     found = [step_chunk_problem(offload_step_chunk), divergence_check_problem(divergence_check),
              vision_in_step_problem(vision_in_step), moe_leaves_problem(moe_leaves), skip_problem(skip_checks, CHECK_IDS)]

@@ -72,7 +72,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
                  long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
                  offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
-                 divergence_check: str = "first_steps", vision_in_step: str = "keep", moe_leaves: str = "auto",
+                 divergence_check: str = "whole_run", vision_in_step: str = "keep", moe_leaves: str = "auto",
                  skip_checks=()):
         check_options(offload_step_chunk=offload_step_chunk, divergence_check=divergence_check,
                       vision_in_step=vision_in_step, moe_leaves=moe_leaves, skip_checks=skip_checks)
