@@ -250,3 +250,22 @@ def is_leaf(module) -> bool:
     from deepspeed.utils import z3_leaf_module
 
     return z3_leaf_module(module)
+
+
+def gather_target(frame, names: dict) -> str | None:
+    """What a thread stopped in ``frame`` (one frame of its stack) waits for DeepSpeed to gather, named from
+    ``names`` (id(module) -> name), or None where the frame is not one of ZeRO-3's gathers. Read against 0.18.0 and
+    0.19.8: PartitionedParameterCoordinator.fetch_sub_module holds the module in ``current_submodule``; a parameter
+    read directly is gathered by ZeROOrderedDict.__getitem__ (parameter_offload.py) with ``_parent_module``/``key``."""
+    code = frame.f_code
+    if code.co_name == "__getitem__" and code.co_filename.endswith("parameter_offload.py"):
+        owner = getattr(frame.f_locals.get("self"), "_parent_module", None)
+        key = frame.f_locals.get("key")
+        prefix = names.get(id(owner), "?")
+        return (f"parameter '{key if prefix == 'the model' else prefix + '.' + str(key)}' (read directly, not by "
+                f"calling its module)")
+    if code.co_name == "fetch_sub_module":
+        module = frame.f_locals.get("current_submodule")
+        if module is not None and id(module) in names:
+            return repr(names[id(module)])
+    return None

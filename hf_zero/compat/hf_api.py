@@ -115,6 +115,14 @@ def set_allocator_settings(settings: str) -> None:
     setter(settings)
 
 
+def default_store():
+    """The store behind the default process group (torch.distributed keeps it private; present in every torch 2.x),
+    for small host-side exchanges beside the training collectives."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
 # ---- transformers: the loss under Ulysses sequence parallelism -------------------------------------------------------
 def sequence_parallel_loss():
     """transformers' token-weighted loss over the sequence-parallel group (the Trainer's under Ulysses, with the

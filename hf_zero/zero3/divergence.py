@@ -72,6 +72,7 @@ class FetchOrderWatch:
                  store=None):
         import torch.distributed as dist
 
+        from ..compat.hf_api import default_store
         from .rank_probe import RankProbe
 
         self.engine, self.group, self.world, self.steps, self.afterwards = engine, group, world, steps, afterwards
@@ -86,7 +87,7 @@ class FetchOrderWatch:
         self.order = []  # this forward's gathered modules, while only fingerprints are exchanged
         self.checks = self.fingerprints = 0
         self._waiting_at = None
-        store = store if store is not None else dist.distributed_c10d._get_default_store()
+        store = store if store is not None else default_store()
         self.probe = RankProbe(store, dist.get_rank(), world, model, lambda: self._waiting_at)
 
     def _hook(self, index: int):

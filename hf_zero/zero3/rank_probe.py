@@ -17,6 +17,8 @@ import sysconfig
 import threading
 import time
 
+from ..compat.deepspeed_api import gather_target
+
 # How often each rank's thread looks for a question: detection comes one to two polls after a rank stops moving
 POLL_S = 0.5
 # How long a waiting rank waits for every rank's answer (a thread that holds no GIL answers within one poll)
@@ -48,17 +50,9 @@ def describe_stack(frame, names: dict) -> dict:
     while frame is not None:
         code = frame.f_code
         path = code.co_filename
-        if what is None and code.co_name == "__getitem__" and path.endswith("parameter_offload.py"):
-            owner = getattr(frame.f_locals.get("self"), "_parent_module", None)
-            key = frame.f_locals.get("key")
-            prefix = names.get(id(owner), "?")
-            what = f"parameter '{key if prefix == 'the model' else prefix + '.' + str(key)}' (read directly, not by " \
-                   f"calling its module)"
-        elif what is None and code.co_name == "fetch_sub_module":
-            module = frame.f_locals.get("current_submodule")
-            if module is not None and id(module) in names:
-                what = f"{names[id(module)]!r}"
-        elif "backward" in code.co_name and f"{os.sep}deepspeed{os.sep}" in path:
+        if what is None:
+            what = gather_target(frame, names)
+        if "backward" in code.co_name and f"{os.sep}deepspeed{os.sep}" in path:
             backward = True
         if caller is None and not any(part in path for part in _LIBRARIES):
             caller = f"{os.path.basename(path)}:{frame.f_lineno} in {code.co_name}"
