@@ -15,11 +15,12 @@ import shutil
 import weakref
 from pathlib import Path
 
+from .batch_counts import UNEVEN_FIX
 from .checkpoints.export import replace_folder
 from .checks import CHECKS, RunContext, check_options, raise_errors, run_moment
 from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import fill_adam_hyperparameters
-from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, host_group, is_distributed, wait_for_every_rank
+from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, wait_for_every_rank
 from .engine_fixes import finish_offload_step
 from .errors import CheckpointError, ConfigError, RanksDivergedError
 from .offload_threads import AUTO
@@ -28,8 +29,8 @@ logger = logging.getLogger("hf_zero")
 
 # Accelerator -> the RunContext hf_zero.checks reads and records for its run (run.ran: every check, per moment)
 _RUNS = weakref.WeakKeyDictionary()
-# Accelerator -> (gloo group with a short timeout, seconds): lets a save find out that a rank did not call it
-_SAVE_GROUPS = weakref.WeakKeyDictionary()
+# Accelerators from hf_zero.accelerator() on several ranks: their saves first find out that every rank called them
+_WAITS_FOR_RANKS = weakref.WeakSet()
 SAVE_ARRIVAL_TIMEOUT_S = 120
 
 
@@ -59,8 +60,7 @@ def accelerator(*, skip_checks=(), **kwargs):
     if plugin is not None:
         run_of(made, skip_checks)
         if is_distributed():
-            # gloo for this handshake even on GPUs: NCCL has no monitored barrier
-            _SAVE_GROUPS[made] = host_group(SAVE_ARRIVAL_TIMEOUT_S)
+            _WAITS_FOR_RANKS.add(made)
     return made
 
 
@@ -118,6 +118,9 @@ def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: dict, 
     engine = next(obj for obj in (prepared if isinstance(prepared, tuple) else (prepared,))
                   if isinstance(obj, torch.nn.Module))
     run.engine, run.model = engine, accelerator.unwrap_model(engine)
+    # the loaders as the loop iterates them: Accelerate's shards, one per rank
+    run.loaders = [obj for obj in (prepared if isinstance(prepared, tuple) else (prepared,))
+                   if isinstance(obj, torch.utils.data.DataLoader)]
     raise_errors(run_moment(CHECKS, "engine", run))
     return prepared
 
@@ -208,11 +211,13 @@ def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arriv
     call it (a save under ``if accelerator.is_main_process:``) is found before anything is gathered or written: the
     ranks wait ``arrival_timeout_s`` for each other (Accelerators from ``hf_zero.accelerator()``)."""
     out_dir = Path(out_dir)
-    group = _SAVE_GROUPS.get(accelerator)
-    if group is not None:
+    if accelerator in _WAITS_FOR_RANKS:
+        uneven = _RUNS[accelerator].kept.get("uneven_batches") if accelerator in _RUNS else None
+        fix = "call it on every rank, not under `if accelerator.is_main_process:`."
+        if uneven:  # the ranks that are missing still run the steps the others did not have
+            fix = f"the likely cause is {uneven}; {UNEVEN_FIX[5:]}"
         try:
-            wait_for_every_rank("hf_zero.save_pretrained (it gathers ZeRO-3's shards)", arrival_timeout_s,
-                                "call it on every rank, not under `if accelerator.is_main_process:`.", group)
+            wait_for_every_rank("hf_zero.save_pretrained (it gathers ZeRO-3's shards)", arrival_timeout_s, fix)
         except RanksDivergedError as e:
             raise CheckpointError(f"{e} Nothing was written.") from None
     finish_offload_step(model)  # a step prepare(offload_step_in_forward=True) left to the next forward

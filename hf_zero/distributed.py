@@ -167,27 +167,38 @@ def host_group(timeout_s: float):
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
-def wait_for_every_rank(what: str, timeout_s: float, fix: str, group=None) -> None:
-    """A barrier that gives up after ``timeout_s`` and names the ranks that did not arrive (torch's monitored
-    barrier, on a gloo group: NCCL has none). ``group``: a gloo group made earlier; by default the world's group
-    when it is gloo (CPU runs), else a gloo group made now (its creation waits at most ``timeout_s`` too).
+# what -> how many times this process waited for it: every rank counts the same waits, so their arrival keys match
+_ARRIVALS = {}
+# How often a waiting rank looks for the others' arrival in the store
+ARRIVAL_POLL_S = 0.05
+
+
+def wait_for_every_rank(what: str, timeout_s: float, fix: str) -> None:
+    """A barrier that gives up after ``timeout_s`` on every rank and names the ranks that did not arrive. Each rank
+    marks its arrival in the process group's store and polls for the others' marks. No collective is left pending
+    when it gives up (a pending gloo collective holds the process at exit until its group's timeout), and every rank
+    waits the same ``timeout_s`` (in torch's monitored barrier, ranks other than 0 wait for the group's timeout).
     Raises RanksDivergedError on every rank that gives up."""
-    from datetime import timedelta
+    import time
 
     import torch.distributed as dist
 
+    from .compat.hf_api import default_store
     from .errors import RanksDivergedError
 
     if simulated_ranks():
         return
-    limit = timedelta(seconds=timeout_s)
-    try:
-        if group is None and dist.get_backend() != "gloo":
-            group = host_group(timeout_s)
-        dist.monitored_barrier(group=group, timeout=limit, wait_all_ranks=True)
-    except RuntimeError as e:
+    _ARRIVALS[what] = _ARRIVALS.get(what, 0) + 1
+    keys = [f"hf_zero/arrivals/{what}/{_ARRIVALS[what]}/{rank}" for rank in range(dist.get_world_size())]
+    store = default_store()
+    store.set(keys[dist.get_rank()], "1")
+    deadline = time.monotonic() + timeout_s
+    # one line: a rank probe (zero3.rank_probe) sees this rank at one point while it waits
+    while not store.check(keys) and time.monotonic() < deadline: time.sleep(ARRIVAL_POLL_S)  # noqa: E701
+    missing = [str(rank) for rank, key in enumerate(keys) if not store.check([key])]
+    if missing:
         raise RanksDivergedError(f"{what} waits for every rank, but not all of them arrived within {timeout_s:g} s "
-                                 f"({str(e).strip().splitlines()[0]}). Fix: {fix}") from None
+                                 f"(rank {', '.join(missing)} did not). Fix: {fix}")
 
 
 def shutdown(arrival_timeout_s: float = SHUTDOWN_ARRIVAL_TIMEOUT_S) -> None:

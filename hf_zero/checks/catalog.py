@@ -7,6 +7,7 @@ for every id); docs/run-checks.md lists it.
 
 import os
 
+from ..batch_counts import UNEVEN_FIX, compare_across_ranks
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..config.dotted import offload_devices
@@ -284,10 +285,23 @@ def leaf_outputs(run) -> list:
     return []
 
 
+def even_batches(run) -> list:
+    """On several ranks, the data loaders prepared with the model yield as many batches on every rank (a loop over
+    more batches on one rank waits forever in its extra step). Nothing is refused: a loop that stops every rank after
+    the same number of steps runs correctly; a stop later names the uneven batches as its cause."""
+    found = compare_across_ranks(run.loaders)
+    run.kept["uneven_batches"] = found
+    return [f"{found}: the ranks with more batches would wait forever in their extra steps. {UNEVEN_FIX}"] \
+        if found else []
+
+
 def divergence_watch(run) -> list:
     """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
     diverge stop with the modules named instead of hanging)."""
-    run.kept["fetch_watch"] = watch_fetch_order(run.engine, run.options.get("divergence_check", "whole_run"))
+    watch = watch_fetch_order(run.engine, run.options.get("divergence_check", "whole_run"))
+    if watch is not None and run.kept.get("uneven_batches"):
+        watch.cause = f"The likely cause: {run.kept['uneven_batches']}. {UNEVEN_FIX}"
+    run.kept["fetch_watch"] = watch
     return []
 
 
@@ -361,6 +375,8 @@ CHECKS = (
           "ZeRO-3 leaf modules on several GPU ranks that the two-rank exactness gate has not proven are named"),
     Check("leaf-outputs", "engine", "error", leaf_outputs,
           "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
+    Check("even-batches", "engine", "warning", even_batches,
+          "the data loaders prepared with the model yield as many batches on every rank"),
     Check("divergence-watch", "engine", "error", divergence_watch,
           "ZeRO-3 ranks gather the same modules, or stop naming them", off='divergence_check="off"'),
     Check("generation-in-step", "engine", "info", generation_in_step, "ZeRO-3 generate() keeps ranks in step"),

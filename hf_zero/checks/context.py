@@ -28,7 +28,7 @@ class RunContext:
     args: object = None  # TrainingArguments (the Trainer door)
     trainer: object = None
     accelerator: object = None  # the Trainer's own, or the loop's
-    loaders: list = field(default_factory=list)  # the loop's DataLoaders given to prepare (the Accelerate door)
+    loaders: list = field(default_factory=list)  # the loop's DataLoaders (prepare's; Accelerate's shards from the engine moment on)
     engine: object = None
     folder: object = None  # the save moment: the folder written
     checkpoint: bool = False  # the save moment: a Trainer checkpoint (training state beside the model)

@@ -233,6 +233,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
                               "before the DeepSpeed engine was built. Fix: hf_zero.attach(trainer) after building the Trainer.")
         run = self._run_of(self.trainer, deepspeed_config_of(args) or {})
         run.engine, run.model = self.trainer.model_wrapped, model
+        run.loaders = [kwargs["train_dataloader"]] if kwargs.get("train_dataloader") is not None else []
         raise_errors(run_moment(CHECKS, "engine", run))
         self.engine_fixes = run.kept.get("engine_fixes", [])
         self._fetch_watch = run.kept.get("fetch_watch")

@@ -26,6 +26,9 @@ WAIT_S = 300
 SLICE_S = 1.0
 # A rank that used less than this share of one CPU between two questions does not compute: it waits
 IDLE_SHARE = 0.1
+# How long a rank must sit at one point of a collective, idle, to count as blocked: longer than a slow all-gather or
+# reduce that the waiting rank has already joined (its communication threads carry it while it waits here)
+BLOCKED_S = 4.0
 _FORWARD_START, _FORWARD_END = -1, -2
 DIVERGENCE_CHECKS = ("whole_run", "first_steps", "always", "off")
 
@@ -84,6 +87,7 @@ class FetchOrderWatch:
         self.handles.append(model.register_forward_pre_hook(self._start_hook, prepend=True))
         self.handles.append(model.register_forward_hook(self._end_hook))
         self.full = True
+        self.cause = None  # a sentence on what the checks know makes ranks run different steps (uneven batches)
         self.order = []  # this forward's gathered modules, while only fingerprints are exchanged
         self.checks = self.fingerprints = 0
         self._waiting_at = None
@@ -175,19 +179,20 @@ class FetchOrderWatch:
                         f"ZeRO-3 ranks diverged: at step {mine[1]}, micro-step {mine[2]} this rank was about to fetch "
                         f"{self._name(mine[0])} and the other ranks did not reach a fetch within {WAIT_S} s "
                         f"({str(e).strip().splitlines()[0]}); they run something else (fewer forwards, a generate "
-                        f"that ended earlier, a crash). {self._fix()}") from None
+                        f"that ended earlier, a crash).{self._cause()} {self._fix()}") from None
             answers = self.probe.ask()
+            earlier = _since(answers, earlier)
             if self._deadlocked(answers, earlier):
                 message = self._stuck_message(answers)
                 self.probe.tell(message)
                 raise RanksDivergedError(message)
-            earlier = answers
 
     @staticmethod
     def _deadlocked(answers, earlier) -> bool:
-        """Every rank waits here, or has sat since the last question at the same point of communication code without
-        using the CPU (blocked in a collective, which needs this rank: it never ends); at least one does the latter. A
-        rank that computes, even inside DeepSpeed, uses CPU time and is waited for."""
+        """Every rank waits here, or has sat for BLOCKED_S at the same point of communication code without using the
+        CPU (blocked in a collective, which needs this rank: it never ends); at least one does the latter. A rank that
+        computes, even inside DeepSpeed, uses CPU time and is waited for; one that waits for a slow collective the
+        others have joined moves on within BLOCKED_S. ``earlier``: each rank's first answer at its current point."""
         if earlier is None or any(a is None for a in answers):
             return False
         elsewhere = [rank for rank, a in enumerate(answers) if "check" not in a]
@@ -202,13 +207,13 @@ class FetchOrderWatch:
                 each.append(f"rank {rank}: {self._name(index)}" + (f" (step {s}, micro-step {m})"
                                                                   if (s, m) != (step, micro) else ""))
             else:
-                what = answer["what"] or "a collective hf_zero does not know"
                 where = " in backward" if answer["backward"] else ""
                 caller = f", from {answer['caller']}" if answer["caller"] else ""
-                each.append(f"rank {rank}: inside DeepSpeed's gather of {what}{where}{caller}")
+                each.append(f"rank {rank}: inside DeepSpeed's gather of {answer['what']}{where}{caller}"
+                            if answer["what"] else f"rank {rank}: in a collective outside the model's gathers{caller}")
         return (f"ZeRO-3 ranks diverged at step {step}, micro-step {micro}: every rank must gather the same parameters "
                 f"in the same order, but while some waited to fetch a module the others sat in a collective of their "
-                f"own, which would never end ({'; '.join(each)}). {self._fix()}")
+                f"own, which would never end ({'; '.join(each)}).{self._cause()} {self._fix()}")
 
     def _name_first_difference(self, step: int, micro: int) -> None:
         """The forwards' module orders differed (seen from their fingerprints): compare them and raise naming the
@@ -237,7 +242,10 @@ class FetchOrderWatch:
                          for rank, (index, s, m) in enumerate(rows))
         return (f"ZeRO-3 ranks diverged at step {step}, micro-step {micro}: each module's parameters are gathered by "
                 f"a collective, so every rank must run the same modules in the same order, but they were about to "
-                f"fetch different ones ({each}). {self._fix()}")
+                f"fetch different ones ({each}).{self._cause()} {self._fix()}")
+
+    def _cause(self) -> str:
+        return f" {self.cause}" if self.cause else ""
 
     @staticmethod
     def _fix() -> str:
@@ -247,11 +255,19 @@ class FetchOrderWatch:
                 "on every rank. See hf_zero's docs, callback.md (divergence_check).")
 
 
+def _since(answers, earlier):
+    """Each rank's first answer at the point it answers from now (its earlier one where it has not moved)."""
+    if earlier is None:
+        return list(answers)
+    return [before if now is not None and before is not None and "check" not in now and "check" not in before
+            and now["at"] == before["at"] else now for now, before in zip(answers, earlier)]
+
+
 def _blocked(now: dict, before) -> bool:
     if not now["comm"] or before is None or "check" in before or now["at"] != before["at"]:
         return False
     waited = now["clock"] - before["clock"]
-    return waited > 0 and now["cpu"] - before["cpu"] < IDLE_SHARE * waited
+    return waited >= BLOCKED_S and now["cpu"] - before["cpu"] < IDLE_SHARE * waited
 
 
 def zero3_on_several_ranks(engine) -> bool:

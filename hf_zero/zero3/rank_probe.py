@@ -26,9 +26,10 @@ ANSWER_S = 3.0
 _WATCHES = [0]  # probes made in this process: every rank makes them in the same order, so the keys match
 
 # A training thread whose innermost Python frame is in one of these waits in a collective (or its handle's wait)
-# (DeepSpeed's nvtx wrapper calls its collectives and their waits directly)
+# (DeepSpeed's nvtx wrapper calls its collectives and their waits directly; hf_zero's arrival waits wait on the others)
 _COMM_FILES = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}deepspeed{os.sep}comm{os.sep}",
-               f"{os.sep}deepspeed{os.sep}runtime{os.sep}zero{os.sep}", f"{os.sep}deepspeed{os.sep}utils{os.sep}nvtx.py")
+               f"{os.sep}deepspeed{os.sep}runtime{os.sep}zero{os.sep}", f"{os.sep}deepspeed{os.sep}utils{os.sep}nvtx.py",
+               f"{os.sep}hf_zero{os.sep}distributed.py")
 # Frames that are not the user's code: the standard library, installed packages, and these libraries where they are
 # checked out rather than installed
 _LIBRARIES = (sysconfig.get_paths()["stdlib"], f"{os.sep}site-packages{os.sep}", f"{os.sep}torch{os.sep}", f"{os.sep}deepspeed{os.sep}", f"{os.sep}transformers{os.sep}",
@@ -58,7 +59,7 @@ def describe_stack(frame, names: dict) -> dict:
             caller = f"{os.path.basename(path)}:{frame.f_lineno} in {code.co_name}"
         frame = frame.f_back
     return {"comm": bool(comm), "what": what, "backward": backward, "caller": caller,
-            "at": [id(innermost), innermost.f_lasti] if innermost is not None else None}
+            "at": [id(innermost), innermost.f_lineno] if innermost is not None else None}
 
 
 class RankProbe:

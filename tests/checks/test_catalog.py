@@ -92,6 +92,11 @@ COVERAGE = {
                    ["zero3/test_leaves_on_ranks.py::test_quiet_on_one_rank_on_cpu_without_leaves_or_with_proven_leaves"]),
     "leaf-outputs": (["checks/test_doors.py::test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward"],
                      ["checks/test_doors.py::test_leaves_that_return_tensors_train_as_the_model_without_leaves"]),
+    "even-batches": (["multiproc/test_accelerate_loop.py::"
+                      "test_uneven_batches_per_rank_are_named_up_front_and_stop_a_zero3_loop_within_seconds",
+                      "test_batch_counts.py::test_lengths_that_differ_between_ranks_are_named_with_each_ranks_count"],
+                     ["multiproc/test_accelerate_loop.py::test_a_save_on_one_rank_only_is_refused_and_writes_nothing",
+                      "test_batch_counts.py::test_quiet_when_every_rank_has_as_many_batches_or_a_loader_has_no_length"]),
     "divergence-watch": (["multiproc/test_divergence.py::test_a_branch_on_one_rank_stops_every_rank_naming_both_modules",
                           "multiproc/test_divergence.py::test_the_accelerate_door_stops_a_branch_on_one_rank_too",
                           "multiproc/test_divergence.py::test_a_parameter_read_on_one_rank_stops_within_seconds_naming_it",

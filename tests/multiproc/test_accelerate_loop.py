@@ -1,5 +1,7 @@
 """A user's own Accelerate loop with the shipped YAMLs: hf_zero.accelerator(), hf_zero.prepare, hf_zero.save_pretrained."""
 
+import time
+
 import pytest
 import torch
 
@@ -87,6 +89,7 @@ def test_a_save_on_one_rank_only_is_refused_and_writes_nothing(tiny_models, tmp_
     (out / "final" / "config.json").write_text("{}")  # an earlier save, which must survive
     proc = _run(tiny_models, out, "zero3", "--save-on-main-only", expect_fail=True)
     assert "not all of them arrived" in proc.stderr and "is_main_process" in proc.stderr
+    assert "uneven batches" not in proc.stderr  # every rank's loader has as many batches
     assert sorted(p.name for p in (out / "final").iterdir()) == ["config.json"]
 
 
@@ -126,3 +129,27 @@ def test_a_dummy_optim_gets_deepspeeds_adamw_only_where_the_config_names_none():
     own = {"optimizer": {"type": "Lamb", "params": {"lr": "auto"}}}
     assert deepspeed_adamw_for(own, DummyOptim(params, lr=1e-3)) is None  # a config's own optimizer stays
     assert own == {"optimizer": {"type": "Lamb", "params": {"lr": "auto"}}}
+
+
+def test_uneven_batches_per_rank_are_named_up_front_and_stop_a_zero3_loop_within_seconds(tiny_models, tmp_path):
+    # even_batches=False: rank 0 has a batch more, and its extra forward gathers weights rank 1 (in the save) never
+    # sends; plain DeepSpeed waits there until gloo's 30-minute timeout
+    out = tmp_path / "loop"
+    started = time.monotonic()
+    proc = _run(tiny_models, out, "zero3", "--uneven", expect_fail=True)
+    took = time.monotonic() - started
+    assert "uneven batches per rank: the data loader prepared with the model yields 3 on rank 0, 2 on rank 1" \
+        in proc.stderr  # the WARNING at prepare
+    assert "ZeRO-3 ranks diverged" in proc.stderr and "The likely cause: uneven batches per rank" in proc.stderr
+    assert "even_batches=True" in proc.stderr
+    assert not (out / "final").exists()
+    assert took < 90, f"the stop took {took:.0f} s"  # the launch and 2 steps take about 40 s; the hang is cut short
+
+
+@pytest.mark.slow  # ZeRO-2 has no gather to watch: the save's arrival wait (10 s here) is the limit
+def test_uneven_batches_are_named_when_the_save_waits_for_a_rank_still_in_its_extra_step(tiny_models, tmp_path):
+    out = tmp_path / "loop"
+    proc = _run(tiny_models, out, "zero2", "--uneven", "--arrival-timeout", "10", expect_fail=True)
+    assert "not all of them arrived" in proc.stderr and "the likely cause is uneven batches per rank" in proc.stderr
+    assert "is_main_process" not in proc.stderr.split("not all of them arrived")[1].split("\n")[0]
+    assert not (out / "final").exists()

@@ -25,6 +25,9 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--optimizer", choices=["dummy", "torch"], default="dummy")
     p.add_argument("--save-on-main-only", action="store_true", help="the classic mistake: save under is_main_process")
+    p.add_argument("--uneven", action="store_true",
+                   help="even_batches=False and one batch more on rank 0; the loop runs over all of its loader")
+    p.add_argument("--arrival-timeout", type=float, default=None, help="hf_zero.save_pretrained's arrival_timeout_s")
     p.add_argument("--length", type=int, default=16, help="tokens per sample")
     p.add_argument("--long-context", action="store_true", help="hf_zero.enable_long_context + gradient checkpointing")
     p.add_argument("--plain-accelerator", action="store_true", help="accelerate.Accelerator() instead of hf_zero's")
@@ -36,6 +39,10 @@ def main():
         from accelerate import Accelerator
 
         accelerator = Accelerator()
+    elif opts.uneven:
+        from accelerate.utils import DataLoaderConfiguration
+
+        accelerator = hf_zero.accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
     else:
         accelerator = hf_zero.accelerator()
     torch.manual_seed(0)
@@ -47,6 +54,8 @@ def main():
     if opts.long_context:  # what docs/long-context.md tells a loop to write
         hf_zero.enable_long_context(model)
         model.gradient_checkpointing_enable()
+    if opts.uneven:  # 2 samples a batch, 5 batches: rank 0 gets 3 of them, rank 1 gets 2
+        ids = ids[:9]
     loader = torch.utils.data.DataLoader([{"input_ids": i, "labels": i.clone()} for i in ids], batch_size=2)
     if opts.optimizer == "dummy":
         optimizer = DummyOptim(model.parameters(), lr=1e-3)
@@ -68,18 +77,20 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
-        if step + 1 == opts.steps:
+        if step + 1 == opts.steps and not opts.uneven:
             break
 
     held = getattr(model.optimizer, "hf_zero_step_in_forward", None)
     step_held_at_end = bool(held and held.pending)  # the last step waits for a forward or a state_dict
     out = Path(opts.out)
-    expected = hf_zero.gathered_state_dict(accelerator.unwrap_model(model))  # a collective: every rank enters
+    # a collective: every rank enters (an uneven loop goes straight to the save, as a user's does)
+    expected = None if opts.uneven else hf_zero.gathered_state_dict(accelerator.unwrap_model(model))
     if opts.save_on_main_only:
         if accelerator.is_main_process:
             hf_zero.save_pretrained(accelerator, model, out / "final", arrival_timeout_s=10)
     else:
-        hf_zero.save_pretrained(accelerator, model, out / "final")
+        timeout = {"arrival_timeout_s": opts.arrival_timeout} if opts.arrival_timeout else {}
+        hf_zero.save_pretrained(accelerator, model, out / "final", **timeout)
     if accelerator.is_main_process:
         from safetensors.torch import save_file
 

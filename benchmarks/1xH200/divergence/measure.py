@@ -6,7 +6,9 @@ both on the machine that runs this:
      buckets) trains with and without a FetchOrderWatch whose exchange runs over a one-rank gloo group: every hook,
      tensor and call of the check, with the exchange itself local;
   2. the exchange: two processes on this host's CPUs time the check's all_gather (three int64 over gloo).
-A two-rank run pays per step about (1) + checks_per_step x (2).
+A two-rank run pays per step about (1) + checks_per_step x (2) in its first steps (every module checked), and
+(1') + fingerprints_per_step x (2) after them (divergence_check="whole_run": one exchange at each forward's start and
+end, (1') timed as (1) with only those).
 
     python benchmarks/1xH200/divergence/measure.py --out divergence.json   # one GPU; with the device's env lines
 """
@@ -91,6 +93,13 @@ def main():
     watched = timed_steps(engine, batch, opts.steps)
     checks_per_step = (watch.checks - checks_before) / opts.steps
     watch.remove()
+    # the whole-run mode after its first steps: one exchange at each forward's start and end (a fingerprint)
+    fingerprint = FetchOrderWatch(engine, group, 1, steps=0, afterwards="fingerprint")
+    timed_steps(engine, batch, 1)
+    fingerprints_before = fingerprint.fingerprints
+    fingerprinted = timed_steps(engine, batch, opts.steps)
+    fingerprints_per_step = (fingerprint.fingerprints - fingerprints_before) / opts.steps
+    fingerprint.remove()
     plain_again = timed_steps(engine, batch, opts.steps)
 
     plain_ms = statistics.median(plain + plain_again) * 1e3
@@ -102,9 +111,15 @@ def main():
         "hooks_ms_per_step": round(watched_ms - plain_ms, 2), "checks_per_step": checks_per_step,
         "exchange_us_two_ranks_gloo": round(exchange_s * 1e6, 1),
         "estimated_two_rank_ms_per_step": round(watched_ms - plain_ms + checks_per_step * exchange_s * 1e3, 2),
+        "step_ms_with_fingerprints_one_rank": round(statistics.median(fingerprinted) * 1e3, 2),
+        "fingerprint_hooks_ms_per_step": round(statistics.median(fingerprinted) * 1e3 - plain_ms, 2),
+        "fingerprints_per_step": fingerprints_per_step,
+        "estimated_two_rank_fingerprint_ms_per_step": round(statistics.median(fingerprinted) * 1e3 - plain_ms
+                                                            + fingerprints_per_step * exchange_s * 1e3, 2),
         "steps_timed": opts.steps,
         "step_ms_samples": {"without": [round(t * 1e3, 2) for t in plain + plain_again],
-                            "with": [round(t * 1e3, 2) for t in watched]},
+                            "with": [round(t * 1e3, 2) for t in watched],
+                            "with_fingerprints": [round(t * 1e3, 2) for t in fingerprinted]},
     }
     result["estimated_share_of_step"] = round(result["estimated_two_rank_ms_per_step"] / plain_ms, 4)
     with open(opts.out, "w") as f:
