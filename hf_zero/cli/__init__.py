@@ -36,8 +36,19 @@ def main(argv=None) -> int:
             return args.run(args)
     except (HfZeroError, ValueError, OSError) as e:
         # Bad input: one message saying what and how to fix, never a traceback.
-        print(f"hf-zero {args.command}: error: {e}", file=sys.stderr)
+        print(f"hf-zero {args.command}: error: {_said(e)}", file=sys.stderr)
         return 2
+
+
+def _said(error: Exception) -> str:
+    """The message for ``error``: a file-system error names the path, what went wrong and a fix, not an errno."""
+    if isinstance(error, OSError) and error.filename is not None:
+        fixes = {FileNotFoundError: "check the path, or create its folder first",
+                 PermissionError: "pick a path this user may read or write",
+                 IsADirectoryError: "name a file, not a folder", NotADirectoryError: "a part of the path is a file"}
+        fix = next((text for kind, text in fixes.items() if isinstance(error, kind)), "check the path")
+        return f"{error.filename}: {error.strerror or error}. Fix: {fix}."
+    return str(error)
 
 
 if __name__ == "__main__":

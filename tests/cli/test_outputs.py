@@ -162,3 +162,15 @@ def test_an_unknown_name_names_the_accelerate_yamls_too(capsys):
     assert main(["presets", "zero9"]) == 2
     err = capsys.readouterr().err
     assert "unknown preset 'zero9'" in err and "zero3_multinode" in err
+
+
+def test_a_path_that_cannot_be_written_is_one_message_with_a_fix(tmp_path, capsys):
+    target = tmp_path / "missing" / "zero3.yaml"
+    assert main(["presets", "zero3", "--accelerate-config", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"hf-zero presets: error: {target}: No such file or directory. Fix: check the path, or create its " \
+                  f"folder first."
+    assert "Errno" not in err and not (tmp_path / "missing").exists()
+    # the same command with the folder there writes the file
+    target.parent.mkdir()
+    assert main(["presets", "zero3", "--accelerate-config", str(target)]) == 0 and target.is_file()
