@@ -23,9 +23,8 @@ as well as compiled, on a tiny Llama with PEFT LoRA), so they cannot be made lea
 import torch
 from accelerate.utils import DynamoBackend
 from accelerate.utils.other import is_repeated_blocks
-from deepspeed.utils import set_z3_leaf_module
 
-from ..compat.deepspeed_api import zero_init_class
+from ..compat.deepspeed_api import set_leaf, zero_init_class
 from ..config.live import keep_torch_linear
 from ..modeling import has_frozen_parameters
 
@@ -42,7 +41,7 @@ def compile_block_forwards(blocks: list, **compile_kwargs) -> None:
     """Make each block a ZeRO-3 leaf and replace its forward with a compiled one. Call before the DeepSpeed
     engine is built (it registers the hooks)."""
     for block in blocks:
-        set_z3_leaf_module(block, True)
+        set_leaf(block)
         # an instance attribute: nn.Module._call_impl runs the hooks, then calls self.forward
         block.forward = torch.compile(block.forward, **compile_kwargs)
 
