@@ -377,12 +377,23 @@ def environment_lines(rows: list) -> list:
     return lines
 
 
+def machine_text(data: dict) -> str:
+    """"2 x H100", or "2 ranks on 1 x H100 (gloo)" for a sweep whose ranks shared GPUs (--ranks-per-gpu)."""
+    fp, device = data.get("fingerprint", {}), data.get("device") or {}
+    name, nproc = device.get("name", "?"), fp.get("nproc")
+    argv = (data.get("runs") or [{}])[-1].get("argv", [])
+    shared = int(argv[argv.index("--ranks-per-gpu") + 1]) if "--ranks-per-gpu" in argv[:-1] else 1
+    if shared > 1 and nproc:
+        return f"{nproc} ranks on {max(nproc // shared, 1)} x {name} (gloo)"
+    return f"{nproc} x {name}"
+
+
 def render_markdown(data: dict) -> str:
     model, fp = data["model"], data.get("fingerprint", {})
     device = data.get("device") or {}
     v = data.get("versions") or {}
     lines = [f"# python -m benchmarks.harness: {model['name']} ({params_text(model['params'])} parameters)", "",
-             f"{fp.get('nproc')} x {device.get('name', '?')}, sequence {fp.get('seq')}, bf16, HF Trainer; "
+             f"{machine_text(data)}, sequence {fp.get('seq')}, bf16, HF Trainer; "
              f"{fp.get('steps')} steps, tokens/s from the median step after {fp.get('warmup')} warm-up steps "
              "(with --repeat: the median over launches, ± half their range, n launches). "
              "% DDP / % FSDP compare with the DDP / FSDP row of the same gradient-checkpointing setting. "
@@ -473,8 +484,8 @@ def plot(data: dict, path) -> None:
     ax.scatter([], [], color="black", marker="^", label="gradient checkpointing")
     ax.set_xlabel("peak allocated GiB per GPU" if gpu else "peak RSS GiB per rank (CPU)")
     ax.set_ylabel("tokens/s (all ranks)")
-    fp, device = data.get("fingerprint", {}), data.get("device") or {}
-    ax.set_title(f"{data['model']['name']}: {fp.get('nproc')} x {device.get('name', '?')}, seq {fp.get('seq')}")
+    fp = data.get("fingerprint", {})
+    ax.set_title(f"{data['model']['name']}: {machine_text(data)}, seq {fp.get('seq')}")
     ax.set_xlim(0, max(xs) * 1.2 or 1)  # room for the labels right of the points
     ax.set_ylim(0, max(ys) * 1.1 or 1)
     ax.grid(alpha=0.3)

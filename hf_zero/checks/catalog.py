@@ -11,7 +11,7 @@ from ..batch_counts import UNEVEN_FIX, compare_across_ranks
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..config.dotted import offload_devices
-from ..compat.deepspeed_api import set_leaf, threshold_leaves
+from ..compat.deepspeed_api import param_coordinator, set_leaf, threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
@@ -269,11 +269,13 @@ def leaf_release(run) -> list:
 
 
 def leaf_ranks(run) -> list:
-    """Under ZeRO-3 on several GPU ranks, leaf modules of classes the two-rank gate has not proven are named (nothing is
-    refused)."""
+    """Under ZeRO-3 on several GPU ranks, leaf modules still on DeepSpeed's fast leaf path (WARNING) or of classes the
+    two-rank gate has not proven (INFO) are named; nothing is refused."""
     if run.stage != 3:
         return []
-    found = leaves_on_ranks(getattr(run.engine, "module", run.engine), run.launched, not run.on_cpu)
+    coordinator = param_coordinator(run.engine)  # after leaf-release: still fast only where its fix did not apply
+    fast_release = bool(getattr(coordinator, "fast_sharding_for_leaf_module", False))
+    found = leaves_on_ranks(getattr(run.engine, "module", run.engine), run.launched, not run.on_cpu, fast_release)
     return [Line(*found)] if found else []
 
 
@@ -372,7 +374,8 @@ CHECKS = (
     Check("leaf-release", "engine", "info", leaf_release,
           "ZeRO-3 leaf modules release their weights after the GPU has used them (exact on several ranks)"),
     Check("leaf-ranks", "engine", "warning", leaf_ranks,
-          "ZeRO-3 leaf modules on several GPU ranks that the two-rank exactness gate has not proven are named"),
+          "ZeRO-3 leaf modules on several GPU ranks on DeepSpeed's fast leaf path, or unproven by the two-rank "
+          "exactness gate, are named"),
     Check("leaf-outputs", "engine", "error", leaf_outputs,
           "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
     Check("even-batches", "engine", "warning", even_batches,

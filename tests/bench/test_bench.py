@@ -781,3 +781,11 @@ def test_exactness_report_takes_its_loss_tolerance_from_the_ddp_noise():
     found = exactness.compare({"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([3.0])},
                               {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([4.0])})
     assert found["relative_error"] == pytest.approx(1 / 18 ** 0.5) and found["worst"][0]["param"] == "b"
+
+
+def test_report_names_ranks_that_shared_a_gpu():
+    data = {"fingerprint": {"nproc": 2}, "device": {"name": "NVIDIA H100"},
+            "runs": [{"argv": ["x", "--ranks-per-gpu", "2", "--exactness"]}]}
+    assert report.machine_text(data) == "2 ranks on 1 x NVIDIA H100 (gloo)"
+    data["runs"] = [{"argv": ["x", "--nproc", "2"]}]
+    assert report.machine_text(data) == "2 x NVIDIA H100"

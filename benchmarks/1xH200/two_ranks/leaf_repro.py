@@ -4,7 +4,7 @@ Each case trains the same Llama-like model (built from a config, bf16) for a few
 (a small pool of random sequences, different samples per rank), and records:
 
 - the first step's gradient of every parameter, after backward and before the step (``safe_get_full_grad``), compared
-  with the first case's (DDP, fp32 weights under bf16 autocast) and with plain ZeRO-3's, as relative L2 errors;
+  with the first case's (the reference: the first case run, or the one ``--reference`` holds) as a relative L2 error;
 - each step's loss, averaged over the ranks.
 
 A case is ``ddp`` or a list of ZeRO-3 options joined by ``+`` (``zero3`` alone is the recipes/zero3.json preset as
@@ -27,6 +27,9 @@ NCCL refuses two ranks on one device, so those runs use gloo (on CUDA tensors), 
 
     torchrun --nproc_per_node 2 benchmarks/1xH200/two_ranks/leaf_repro.py --out leaf_repro.json \\
         --cases ddp,ddp,zero3,zero3+leaves,zero3+leaves+threshold,zero3+leaves+threshold+fix
+
+A large model does not free all its GPU memory between cases in one process: run one case per launch, with
+``--reference FILE --append`` (the first launch writes the reference gradients, the others compare with them).
 """
 
 import argparse
@@ -34,6 +37,7 @@ import gc
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,6 +45,12 @@ import torch.distributed as dist
 OPTIONS = {"leaves", "threshold", "fix", "tight", "no_overlap", "no_prefetch", "torch_linear", "gc", "gcr"}
 MODEL = dict(hidden_size=1024, num_hidden_layers=8, intermediate_size=2816, vocab_size=32000, num_attention_heads=16,
              num_key_value_heads=16, max_position_embeddings=2048)
+SIZES = {  # --size: the default above (168M), the harness's 1.35B model, and a tiny one to check the script on CPU
+    "168m": {},
+    "1.35b": dict(hidden_size=2048, num_hidden_layers=24, intermediate_size=5504, max_position_embeddings=4096),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=256, num_attention_heads=4,
+                 num_key_value_heads=4),
+}
 ORIGINAL_LINEAR = torch.nn.functional.linear
 
 
@@ -64,6 +74,8 @@ def start_process_group() -> str:
     world = int(os.environ["WORLD_SIZE"])
     shared = torch.cuda.is_available() and world > torch.cuda.device_count()
     backend = "nccl" if torch.cuda.is_available() and not shared else "gloo"
+    if shared:  # DeepSpeed's engine picks its device from LOCAL_RANK: give each rank the index of the GPU it shares
+        os.environ["LOCAL_RANK"] = str(device().index)
     if torch.cuda.is_available():
         torch.cuda.set_device(device())
     deepspeed.init_distributed(dist_backend=backend)
@@ -71,8 +83,6 @@ def start_process_group() -> str:
 
 
 def zero3_config(options: set, micro_batch: int) -> dict:
-    from pathlib import Path
-
     preset = Path(__file__).resolve().parents[3] / "recipes" / "zero3.json"
     config = json.loads(preset.read_text())
     zero = config["zero_optimization"]
@@ -207,6 +217,26 @@ def relative_error(grads: dict, reference: dict) -> tuple[float, str, float]:
     return (num / den) ** 0.5, worst, worst_error
 
 
+def write(args, backend: str, rows: list) -> None:
+    """The rows so far, with the command and versions (written after every case: a run cut short keeps them; with
+    --append, each launch's command stays in its rows)."""
+    import deepspeed
+    import transformers
+
+    command = ("torchrun --nproc_per_node %s benchmarks/1xH200/two_ranks/leaf_repro.py --size %s --cases %s --steps %d "
+               "--seq %d --micro-batch %d --lr %g" % (os.environ["WORLD_SIZE"], args.size, args.cases, args.steps,
+                                                     args.seq, args.micro_batch, args.lr))
+    for row in rows:
+        row.setdefault("command", command)
+    result = {"command": command, "backend": backend, "world_size": dist.get_world_size(),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
+                           "transformers": transformers.__version__},
+              "model": MODEL, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="ddp,ddp,zero3,zero3+leaves,zero3+leaves+threshold,zero3+leaves+threshold+fix")
@@ -215,44 +245,32 @@ def main():
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--out", default="leaf_repro.json")
-    p.add_argument("--tiny", action="store_true", help="a tiny model, to check the script on CPU processes")
+    p.add_argument("--reference", help="a file for the first case's gradients: written when missing, else every "
+                   "case is compared with the gradients it holds (one launch per case frees all memory between cases)")
+    p.add_argument("--append", action="store_true", help="add the rows to those OUT already holds")
+    p.add_argument("--size", choices=sorted(SIZES), default="168m", help="the model (tiny: to check the script on CPU)")
     args = p.parse_args()
-    if args.tiny:
-        MODEL.update(hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=256, num_attention_heads=4,
-                     num_key_value_heads=4)
+    MODEL.update(SIZES[args.size])
     cases = [c for c in args.cases.split(",") if c]
     for case in cases:
         parse_case(case)
     backend = start_process_group()
-    rows, reference, zero3_reference = [], None, None
+    rows = json.loads(Path(args.out).read_text())["rows"] if args.append and Path(args.out).exists() else []
+    reference = torch.load(args.reference) if args.reference and Path(args.reference).exists() else None
     for case in cases:
         row, grads = train(case, args)
         if reference is None:
-            reference = grads
-        if zero3_reference is None and case.startswith("zero3"):
-            zero3_reference = grads
-        row["grad_error_vs_first"], row["worst_param_vs_first"], row["worst_error_vs_first"] = relative_error(grads, reference)
-        if zero3_reference is not None:
-            row["grad_error_vs_zero3"], row["worst_param_vs_zero3"], _ = relative_error(grads, zero3_reference)
+            reference = {"case": case, "grads": grads}
+            if args.reference and dist.get_rank() == 0:
+                torch.save(reference, args.reference)
+        row["reference"] = reference["case"]
+        row["grad_error"], row["worst_param"], row["worst_error"] = relative_error(grads, reference["grads"])
         rows.append(row)
         if dist.get_rank() == 0:
-            print(f"leaf_repro: {case}: grad error {row['grad_error_vs_first']:.3g} (worst {row['worst_param_vs_first']} "
-                  f"{row['worst_error_vs_first']:.3g}), losses {' '.join(f'{x:.4f}' for x in row['losses'])}, "
+            write(args, backend, rows)
+            print(f"leaf_repro: {case}: grad error {row['grad_error']:.3g} against {row['reference']} (worst "
+                  f"{row['worst_param']} {row['worst_error']:.3g}), losses {' '.join(f'{x:.4f}' for x in row['losses'])}, "
                   f"{row['seconds']:.1f} s", flush=True)
-    if dist.get_rank() == 0:
-        import deepspeed
-        import transformers
-
-        result = {"command": "torchrun --nproc_per_node %s benchmarks/1xH200/two_ranks/leaf_repro.py --cases %s --steps %d "
-                             "--seq %d --micro-batch %d --lr %g" % (os.environ["WORLD_SIZE"], args.cases, args.steps,
-                                                                     args.seq, args.micro_batch, args.lr),
-                  "backend": backend, "world_size": dist.get_world_size(),
-                  "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                  "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
-                               "transformers": transformers.__version__},
-                  "model": MODEL, "rows": rows}
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 
