@@ -230,19 +230,30 @@ def launch(setup, opts: Options, model: tuple, out: Path, on_gpu: bool) -> dict:
 
 
 def exactness_spec(setup, out: Path) -> dict:
-    """Where the setup's DDP reference lies, and whether this launch writes it (the sweep's first DDP launch of the
-    same kind of model) or compares with it."""
-    from .exactness import reference_key
+    """Where the setup's DDP references lie, and whether this launch writes one (the sweep's first DDP launch of its
+    kind of model) or compares with them: gradients with the DDP row of the same arithmetic where the sweep has one
+    (DeepSpeed's bf16 mode against a DDP row with bf16 weights), losses with DDP's fp32 weights under autocast (the
+    fp32 master weights DeepSpeed keeps)."""
+    from .exactness import gradient_reference_key, reference_key
 
     folder = out / "exactness"
     folder.mkdir(exist_ok=True)
-    key = reference_key(setup.as_dict())
-    gradients, losses, name = folder / f"{key}.safetensors", folder / f"{key}.losses.json", folder / f"{key}.setup"
-    role = "reference" if setup.kind == "ddp" and not gradients.exists() else "compared"
+    own = reference_key(setup.as_dict())
+    role = "reference" if setup.kind == "ddp" and not (folder / f"{own}.safetensors").exists() else "compared"
     if role == "reference":
-        name.write_text(setup.name)
-    return {"role": role, "gradients": str(gradients), "losses": str(losses),
-            "reference_setup": setup.name if role == "reference" else (name.read_text() if name.exists() else None)}
+        (folder / f"{own}.setup").write_text(setup.name)
+        grads_key = losses_key = own
+    else:
+        grads_key = gradient_reference_key(setup.as_dict(), available=lambda key: (folder / f"{key}.safetensors").exists())
+        losses_key = reference_key({**setup.as_dict(), "weights": ""})
+
+    def setup_name(key):
+        return setup.name if role == "reference" else ((folder / f"{key}.setup").read_text()
+                                                      if (folder / f"{key}.setup").exists() else None)
+
+    return {"role": role, "gradients": str(folder / f"{grads_key}.safetensors"),
+            "losses": str(folder / f"{losses_key}.losses.json"),
+            "reference_setup": setup_name(grads_key), "loss_reference_setup": setup_name(losses_key)}
 
 
 def _term_with_parent() -> None:

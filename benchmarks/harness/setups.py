@@ -89,6 +89,7 @@ class Setup:
     callback: dict = field(default_factory=dict)  # ZeroCallback options (hf_zero.attach keywords)
     long_context: dict = field(default_factory=dict)  # hf_zero.enable_long_context parts; empty: off
     activation_offload: bool = False  # torch.autograd.graph.save_on_cpu around each forward
+    weights: str = ""  # "bf16": DDP/FSDP train a model cast to bf16 (DeepSpeed's bf16 arithmetic); "": fp32 + autocast
     base: str = ""  # the named setup it derives from
 
     @property
@@ -303,6 +304,12 @@ def parse_variant(spec: str, known: dict) -> Setup:
             else:
                 setup.activation_offload = value
                 setup.gradient_checkpointing = setup.gradient_checkpointing or value  # it moves what checkpointing keeps
+        elif key == "weights":
+            if value not in ("bf16", "fp32") or setup.kind == "deepspeed":
+                problems.append(f"weights={raw!r}: a DDP or FSDP setup's weights are bf16 or fp32 (DeepSpeed setups "
+                                "take their precision from the config's bf16 block)")
+            else:
+                setup.weights = "" if value == "fp32" else value
         elif key.startswith("data."):
             name = key.removeprefix("data.")
             if name not in DATA_FIELDS:
@@ -313,7 +320,7 @@ def parse_variant(spec: str, known: dict) -> Setup:
                 setup.data[name] = value
         elif setup.kind != "deepspeed":
             problems.append(f"{key!r}: {base} is not a DeepSpeed setup; use mbs, gc, env.VAR, args.FIELD, "
-                            "activation_offload, torchrun.OPTION, dynamo.NAME, lora.FIELD or data.FIELD")
+                            "activation_offload, weights, torchrun.OPTION, dynamo.NAME, lora.FIELD or data.FIELD")
         elif value is None:
             parent, _, leaf = key.rpartition(".")
             node = get_dotted(setup.deepspeed, parent) if parent else setup.deepspeed

@@ -413,7 +413,11 @@ class ExactnessCheck(TrainerCallback):
         if not reference.exists():
             return {**found, "gradients": {"compared": 0, "note": "no DDP reference in this sweep"}}
         found["gradients"] = exactness.compare(self.gradients.grads, exactness.load_reference(reference))
-        found["loss_gap"] = exactness.loss_gap(losses, json.loads(Path(self.spec["losses"]).read_text()))
+        found["gradients"]["reference"] = self.spec["reference_setup"]
+        loss_reference = Path(self.spec["losses"])
+        if loss_reference.exists():
+            found["loss_gap"] = exactness.loss_gap(losses, json.loads(loss_reference.read_text()))
+            found["loss_reference"] = self.spec.get("loss_reference_setup")
         return found
 
 
@@ -437,6 +441,8 @@ def main(argv=None):
     if weights is not None:
         load_weights(model, weights)
         del weights
+    if setup.get("weights") == "bf16":
+        model.to(torch.bfloat16)  # computes as DeepSpeed's bf16 mode does; the optimizer then steps bf16 weights
     partitioned = hf_zero.is_partitioned(model)
     model = with_lora(model, setup)
     if setup.get("long_context"):

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -731,18 +732,22 @@ class _Counting:
 def test_exactness_compares_each_setup_with_ddp_on_the_same_data(tmp_path):
     # 2 CPU ranks, every parameter's first-step gradient and the loss of every step against DDP's: DDP against DDP is
     # exact, ZeRO-2/3 differ by bf16 rounding; a setup that trains something else (a learning rate 300x) is OUTSIDE
+    # (gradients against the DDP row with bf16 weights, losses against DDP's autocast)
     args = ["--exactness", "--setups", "zero3,ddp", "--variant", "ddp_again=ddp:mbs=4",
+            "--variant", "ddp_bf16=ddp:mbs=4,weights=bf16",
             "--variant", "fast=zero2:args.learning_rate=3e-2", "--nproc", "2", "--steps", "4", "--warmup", "1",
             "--seq", "32"]
     proc = _bench(args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     order = [line.split(":")[0] for line in proc.stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
-    assert order == ["[1/4] ddp", "[2/4] ddp_again", "[3/4] zero3", "[4/4] fast"]  # the DDP reference first
+    assert order == ["[1/5] ddp", "[2/5] ddp_again", "[3/5] ddp_bf16", "[4/5] zero3", "[5/5] fast"]  # DDP first
     rows = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
     assert rows["ddp"]["exactness"]["role"] == "reference" and len(rows["ddp"]["losses"]) == 4
+    assert rows["ddp_bf16"]["exactness"]["role"] == "reference"
     again, zero3, fast = (rows[n]["exactness"] for n in ("ddp_again", "zero3", "fast"))
     assert again["gradients"]["relative_error"] == 0 and again["loss_gap"] == 0
-    assert zero3["reference"] == "ddp" and zero3["gradients"]["compared"] == rows["ddp"]["exactness"]["gradients"]["parameters"]
+    assert zero3["reference"] == "ddp_bf16" and zero3["loss_reference"] == "ddp"
+    assert zero3["gradients"]["compared"] == rows["ddp"]["exactness"]["gradients"]["parameters"]
     assert 0 < zero3["gradients"]["relative_error"] < 0.03 and zero3["loss_gap"] < 0.02
     assert fast["gradients"]["relative_error"] < 0.03 and fast["loss_gap"] > 0.02  # same first step, then apart
     table = (tmp_path / "results.md").read_text()
@@ -781,6 +786,36 @@ def test_exactness_report_takes_its_loss_tolerance_from_the_ddp_noise():
     found = exactness.compare({"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([3.0])},
                               {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([4.0])})
     assert found["relative_error"] == pytest.approx(1 / 18 ** 0.5) and found["worst"][0]["param"] == "b"
+
+
+def test_exactness_compares_deepspeed_gradients_with_the_ddp_row_of_the_same_arithmetic(tmp_path):
+    # DeepSpeed's bf16 mode computes with bf16 weights: its gradients go against a DDP row with bf16 weights where the
+    # sweep has one, its losses against DDP's fp32 weights under autocast (the fp32 master weights it keeps)
+    from benchmarks.harness.run import exactness_spec
+
+    known = named_setups()
+    ddp, zero3 = known["ddp"], known["zero3"]
+    ddp_bf16 = parse_variant("ddp_bf16=ddp:weights=bf16", known)
+    lora = parse_variant("z3_lora=zero3:lora.r=8", known)
+
+    def written(spec, setup):
+        Path(spec["gradients"]).write_bytes(b"x")
+        return spec
+
+    first = written(exactness_spec(ddp, tmp_path), ddp)
+    assert first["role"] == "reference" and first["gradients"].endswith("full.safetensors")
+    alone = exactness_spec(zero3, tmp_path)
+    assert alone["role"] == "compared" and alone["reference_setup"] == "ddp"  # no bf16 row yet: autocast DDP
+    second = written(exactness_spec(ddp_bf16, tmp_path), ddp_bf16)
+    assert second["role"] == "reference" and second["gradients"].endswith("full-bf16.safetensors")
+    paired = exactness_spec(zero3, tmp_path)
+    assert paired["gradients"].endswith("full-bf16.safetensors") and paired["reference_setup"] == "ddp_bf16"
+    assert paired["losses"].endswith("full.losses.json") and paired["loss_reference_setup"] == "ddp"
+    assert exactness_spec(lora, tmp_path)["gradients"].endswith("lora.safetensors")  # adapters: their own reference
+    again = exactness_spec(parse_variant("ddp_again=ddp:mbs=4", known), tmp_path)
+    assert again["role"] == "compared" and again["reference_setup"] == "ddp"  # DDP noise stays fp32 against fp32
+    with pytest.raises(ConfigError, match="weights='bf16'"):
+        parse_variant("z3_bf16=zero3:weights=bf16", known)
 
 
 def test_report_names_ranks_that_shared_a_gpu():
