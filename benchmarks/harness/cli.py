@@ -92,6 +92,7 @@ def _list(opts, simulated_ranks=None) -> int:
         extra = {k: v for k, v in (("args", setup.args), ("env", setup.env)) if v}
         print(f"{setup.name}: {setup.kind}, micro batch {setup.micro_batch}"
               f"{', gradient checkpointing' if setup.gradient_checkpointing else ''}"
+              f"{f', {setup.weights} weights' if setup.weights else ''}"
               + (f", {json.dumps(extra)}" if extra else ""))
         if setup.deepspeed:
             print("  " + json.dumps(setup.deepspeed.get("zero_optimization", {})))
