@@ -238,14 +238,15 @@ def exactness_spec(setup, out: Path) -> dict:
 
     folder = out / "exactness"
     folder.mkdir(exist_ok=True)
-    own = reference_key(setup.as_dict())
-    role = "reference" if setup.kind == "ddp" and not (folder / f"{own}.safetensors").exists() else "compared"
+    # losses: always the reference of the setup's own kind (a DeepSpeed setup's is fp32 DDP; a second bf16 DDP row
+    # measures noise against the first, not the bf16 drift against fp32)
+    losses_key = reference_key(setup.as_dict())
+    role = "reference" if setup.kind == "ddp" and not (folder / f"{losses_key}.safetensors").exists() else "compared"
     if role == "reference":
-        (folder / f"{own}.setup").write_text(setup.name)
-        grads_key = losses_key = own
+        (folder / f"{losses_key}.setup").write_text(setup.name)
+        grads_key = losses_key
     else:
         grads_key = gradient_reference_key(setup.as_dict(), available=lambda key: (folder / f"{key}.safetensors").exists())
-        losses_key = reference_key({**setup.as_dict(), "weights": ""})
 
     def setup_name(key):
         return setup.name if role == "reference" else ((folder / f"{key}.setup").read_text()

@@ -413,7 +413,6 @@ class ExactnessCheck(TrainerCallback):
         if not reference.exists():
             return {**found, "gradients": {"compared": 0, "note": "no DDP reference in this sweep"}}
         found["gradients"] = exactness.compare(self.gradients.grads, exactness.load_reference(reference))
-        found["gradients"]["reference"] = self.spec["reference_setup"]
         loss_reference = Path(self.spec["losses"])
         if loss_reference.exists():
             found["loss_gap"] = exactness.loss_gap(losses, json.loads(loss_reference.read_text()))

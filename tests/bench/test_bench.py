@@ -814,6 +814,8 @@ def test_exactness_compares_deepspeed_gradients_with_the_ddp_row_of_the_same_ari
     assert exactness_spec(lora, tmp_path)["gradients"].endswith("lora.safetensors")  # adapters: their own reference
     again = exactness_spec(parse_variant("ddp_again=ddp:mbs=4", known), tmp_path)
     assert again["role"] == "compared" and again["reference_setup"] == "ddp"  # DDP noise stays fp32 against fp32
+    bf16_again = exactness_spec(parse_variant("ddp_bf16_again=ddp:weights=bf16", known), tmp_path)
+    assert bf16_again["reference_setup"] == bf16_again["loss_reference_setup"] == "ddp_bf16"  # bf16 against bf16
     with pytest.raises(ConfigError, match="weights='bf16'"):
         parse_variant("z3_bf16=zero3:weights=bf16", known)
 
