@@ -27,7 +27,7 @@ from hf_zero.compat.hf_api import checkpointing_arg_name
 from hf_zero.model_configs import build_config
 from benchmarks.harness.peak_memory import PeakMemoryRecorder
 from benchmarks.harness.profile import StepProfiler
-from hf_zero.checkpoints.saved_models import safetensors_files
+from hf_zero.zero3.loading import zero3_init_paused
 from hf_zero.config.dotted import get_dotted, offload_devices
 from hf_zero.distributed import barrier, has_gpu, is_distributed
 
@@ -178,6 +178,18 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def leaf_classes(model) -> dict:
+    """{class name: count} of the modules DeepSpeed gathers whole as ZeRO-3 leaves (MoE blocks hf_zero made leaves,
+    the threshold's, DeepSpeed's own list): which leaf path a row measured."""
+    from hf_zero.compat.deepspeed_api import is_leaf
+
+    counts = {}
+    for module in model.modules():
+        if is_leaf(module):
+            counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    return counts
+
+
 def engine_problem(kind: str, engine: str, world_size: int) -> str | None:
     """Why the model is not driven the way the setup says (a benchmark of the wrong thing), or None."""
     if kind == "deepspeed" and engine != "DeepSpeedEngine":
@@ -203,12 +215,11 @@ def compare_weights(saved: dict, expected: dict) -> list:
 
 
 def _load_saved(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    state = {}
-    for name in safetensors_files(folder):
-        state.update(load_file(str(folder / name)))
-    return state
+    """The weights ``from_pretrained`` gives back from ``folder``, under the model's own parameter names: the file's
+    names can differ (transformers saves a fused experts module as one tensor per expert and converts on load)."""
+    with zero3_init_paused():  # on rank 0 only: entering zero.Init here would wait for the other ranks
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="auto", device_map="cpu")
+    return model.state_dict()
 
 
 def _save_and_check(trainer, folder: Path, keep: bool) -> dict:
@@ -526,6 +537,8 @@ def main(argv=None):
             "save": save, "setup_s": model_ready, "warnings": callback.warnings if callback else [],
             "engine_fixes": callback.engine_fixes if callback else [],
         }
+        if (setup["deepspeed"] or {}).get("zero_optimization", {}).get("stage") == 3:
+            result["leaf_classes"] = leaf_classes(trainer.model)  # how the row's leaves came about: MoE, threshold
         if exact is not None:
             result["exactness"] = exact.result(result["losses"])
         if nvme is not None:
