@@ -1,6 +1,7 @@
 # make demo  - the main job: fine-tune a real model with the ZeRO-3 preset on 2 processes
 # make test  - the test suite (real DeepSpeed on CPU; the first run also builds its ops)
 # make test-floor - part of the suite with every dependency at the oldest release setup.cfg declares (CI runs it)
+# make test-newest - the same part with every dependency at its newest release, torch included (CI runs it)
 # Both set themselves up in .venv. torch is pinned to the local CPU wheel: unpinned, pip pulls a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 NPROC ?= 2
 
-.PHONY: demo test test-floor test-long test-nvme test-fast test-multiproc bench clean
+.PHONY: demo test test-floor test-newest test-long test-nvme test-fast test-multiproc bench clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -55,6 +56,28 @@ test-floor: $(FLOOR_VENV)/.installed
 	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(FLOOR_VENV)/torch_extensions \
 		$(FLOOR_VENV)/bin/python -m pytest -q -m "not nvme and not long and not slow" $(FLOOR_TESTS) --durations=5
 
+# The newest end: every dependency at the newest release pip resolves today, torch included (its PyPI build, the CUDA
+# one, which runs on the CPU; make test keeps the pinned CPU wheel), running the floor's selection. It records the
+# releases it runs in hf_zero/compat/newest_tested.py (the "newest tested" hf-zero check prints) before its tests, so
+# they see the releases under test as tested, and puts the earlier record back if they fail.
+NEWEST_VENV := .venv-newest
+NEWEST_RECORD := hf_zero/compat/newest_tested.py
+
+$(NEWEST_VENV)/.installed: setup.cfg pyproject.toml
+	rm -rf $(NEWEST_VENV)
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	# PIP_CONSTRAINT: a machine's pip config may cap torch at the releases it keeps on disk; the newest end must not be
+	PIP_CONSTRAINT=/dev/null $(NEWEST_VENV)/bin/python -m pip install -q --upgrade torch -e '.[test,finetune,plot]'
+	touch $@
+
+test-newest: $(NEWEST_VENV)/.installed
+	cp $(NEWEST_RECORD) $(NEWEST_VENV)/newest_tested.before
+	$(NEWEST_VENV)/bin/python -m hf_zero.compat.record_tested $(NEWEST_RECORD)
+	$(NEWEST_VENV)/bin/hf-zero check
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(NEWEST_VENV)/torch_extensions \
+		$(NEWEST_VENV)/bin/python -m pytest -q -m "not nvme and not long and not slow" $(FLOOR_TESTS) --durations=5 \
+		|| { cp $(NEWEST_VENV)/newest_tested.before $(NEWEST_RECORD); exit 1; }
+
 # The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
 # variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build), which
 # make test leaves out; .ci/run runs it after make test
@@ -77,4 +100,4 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks.harness --out bench_out
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) demo_out bench_out .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) demo_out bench_out .pytest_cache

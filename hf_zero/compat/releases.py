@@ -5,6 +5,10 @@ from importlib import metadata
 
 from packaging.version import Version
 
+# The newest release of each that CI's newest environment (make test-newest) ran, as it recorded them when it last
+# passed (compat/record_tested.py writes the module); a newer release is untested, not refused
+from .newest_tested import NEWEST_TESTED
+
 # The oldest release of each package hf_zero runs on: setup.cfg declares exactly these (a test compares the two),
 # and CI's floor environment installs exactly these. Why each floor is where it is: docs/versions.md.
 FLOORS = {
@@ -20,19 +24,6 @@ FLOORS = {
 }
 # Imported by hf_zero itself (install_requires); the others only by the features that use them (extras)
 REQUIRED = ("torch", "transformers", "accelerate", "deepspeed", "safetensors")
-
-# The newest release of each that CI's newest environment (make test) ran; a newer one is untested, not refused
-NEWEST_TESTED = {
-    "torch": "2.13.0",
-    "transformers": "5.25.0",
-    "accelerate": "1.16.0",
-    "deepspeed": "0.19.8",
-    "safetensors": "0.8.0",
-    "peft": "0.21.2",
-    "trl": "1.16.0",
-    "datasets": "5.2.0",
-    "evaluate": "0.4.6",
-}
 
 
 def installed_version(package: str) -> Version | None:

@@ -2,11 +2,13 @@
 one line, and hf-zero check reports the installed stack."""
 
 import configparser
+import runpy
 import importlib.util
 import subprocess
 import sys
 
 import pytest
+from packaging.version import Version
 
 from conftest import REPO, worker_env
 from hf_zero.compat import releases
@@ -33,6 +35,16 @@ def test_every_tested_window_is_ordered():
     from packaging.version import Version
 
     assert all(Version(releases.FLOORS[p]) <= Version(releases.NEWEST_TESTED[p]) for p in releases.FLOORS)
+
+
+def test_record_tested_writes_the_installed_releases(tmp_path):
+    out = tmp_path / "newest_tested.py"
+    proc = subprocess.run([sys.executable, "-m", "hf_zero.compat.record_tested", str(out)], cwd=REPO,
+                          env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    recorded = runpy.run_path(str(out))["NEWEST_TESTED"]
+    assert recorded.keys() == releases.FLOORS.keys()
+    assert all(Version(recorded[p]) == releases.installed_version(p) for p in recorded)
 
 
 # Run "import hf_zero" in a fresh process where package metadata reports another release of one package: what a

@@ -245,3 +245,16 @@ def test_checker_finds_issue_numbers_and_shared_paths(repo):
         "docs/page.md:3: path outside the repository: '../shared'",
         "docs/page.md:5: issue number in the docs: 'Issues 12'",
     ]
+
+
+def test_versions_page_quotes_the_recorded_newest_releases():
+    """docs/versions.md's "newest tested" column is the committed record make test-newest wrote, not a list written by
+    hand. (make test-newest rewrites the record for its own run; this test runs in make test, against the commit.)"""
+    from hf_zero.compat import releases
+
+    rows = {}
+    for line in (ROOT / "docs" / "versions.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].split(" ")[0] in releases.FLOORS:
+            rows[cells[0].split(" ")[0]] = cells[2]
+    assert rows == releases.NEWEST_TESTED
