@@ -48,21 +48,25 @@ a run without that cast.
 """
 
 from .activations import activation_bytes, frozen_base_saving, plain_activation_phases
-from .host_memory import (NVME_MAX_IN_CPU, NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFER_SIZE, NVME_PARAM_BUFFERS,
-                          PROCESS_HOST_BYTES, sub_groups, torch_pinned, zero2_offload_host, zero3_nvme_host,
-                          zero3_offload_host)
-from .layouts import PREFERENCE, SETUPS, estimate, run_of_config, setup_of_config, zero3_placement_of
+from .deepspeed_defaults import NvmeSwap
+from .estimate import estimate
+from .host_memory import (PROCESS_HOST_BYTES, sub_groups, torch_pinned, zero2_offload_host, zero3_nvme_files,
+                          zero3_nvme_host, zero3_offload_host)
+from .layouts import (LAYOUTS, PREFERENCE, SETUPS, Layout, describe, layout_key, layout_named, layout_of_config,
+                      layout_problem, setup_of_config)
 from .problems import host_memory_problem, nvme_buffer_problem
 from .search import (MAX_LAYERS_SEARCHED, PARTIAL_OFFLOAD_SUB_GROUP, LargestModel, Plan, largest_model,
                      longest_sequence, make_plan, overflowed, partial_offload_share, planned_setups, shortfall)
-from .shapes import GIB, LONG_CONTEXT_PARTS, SUB_GROUP, Estimate, ModelShape, RunShape
+from .settings import nvme_swap_of, preset_configs, run_of_config, settled, zero3_placement_of
+from .shapes import GIB, LONG_CONTEXT_PARTS, Estimate, ModelShape, RunShape
 
 __all__ = [
-    "GIB", "LONG_CONTEXT_PARTS", "MAX_LAYERS_SEARCHED", "NVME_MAX_IN_CPU", "NVME_OPTIMIZER_BUFFERS",
-    "NVME_PARAM_BUFFER_SIZE", "NVME_PARAM_BUFFERS", "PARTIAL_OFFLOAD_SUB_GROUP", "PREFERENCE", "PROCESS_HOST_BYTES",
-    "SETUPS", "SUB_GROUP", "Estimate", "LargestModel", "ModelShape", "Plan", "RunShape", "activation_bytes",
-    "estimate", "frozen_base_saving", "host_memory_problem", "largest_model", "longest_sequence", "make_plan",
-    "nvme_buffer_problem", "overflowed", "partial_offload_share", "plain_activation_phases", "planned_setups",
-    "run_of_config", "setup_of_config", "shortfall", "sub_groups", "torch_pinned", "zero2_offload_host",
-    "zero3_nvme_host", "zero3_offload_host", "zero3_placement_of",
+    "GIB", "LAYOUTS", "LONG_CONTEXT_PARTS", "MAX_LAYERS_SEARCHED", "PARTIAL_OFFLOAD_SUB_GROUP", "PREFERENCE",
+    "PROCESS_HOST_BYTES", "SETUPS", "Estimate", "LargestModel", "Layout", "ModelShape", "NvmeSwap", "Plan", "RunShape",
+    "activation_bytes", "describe", "estimate", "frozen_base_saving", "host_memory_problem", "largest_model",
+    "layout_key", "layout_named", "layout_of_config", "layout_problem", "longest_sequence", "make_plan",
+    "nvme_buffer_problem", "nvme_swap_of", "overflowed", "partial_offload_share", "plain_activation_phases",
+    "planned_setups", "preset_configs", "run_of_config", "settled", "setup_of_config", "shortfall", "sub_groups",
+    "torch_pinned", "zero2_offload_host", "zero3_nvme_files", "zero3_nvme_host", "zero3_offload_host",
+    "zero3_placement_of",
 ]

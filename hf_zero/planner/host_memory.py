@@ -1,7 +1,8 @@
 """Host memory and NVMe: DeepSpeed's offload buffers as torch's pinned cache holds them, the optimizer's
 sub-groups, and activations offloaded to the host."""
 
-from .shapes import GIB, SUB_GROUP, ModelShape, RunShape
+from .deepspeed_defaults import SUB_GROUP_SIZE, NvmeSwap
+from .shapes import GIB, ModelShape, RunShape
 
 
 def pinned_blocks_exact() -> bool:
@@ -51,7 +52,7 @@ def zero2_offload_host(trained: int, ranks: int, half: int, accumulation: int = 
     return pinned + 8 * partition
 
 
-def sub_groups(partition: int, size: int = SUB_GROUP, param_sizes=(), ranks: int = 1) -> list:
+def sub_groups(partition: int, size: int = SUB_GROUP_SIZE, param_sizes=(), ranks: int = 1) -> list:
     """Elements of each of ZeRO-3's optimizer sub-groups in one rank's partition (zero_optimization.sub_group_size).
 
     Given the weights' sizes in the model's order (ModelShape.param_sizes), as stage3.py's _create_fp16_sub_groups
@@ -87,7 +88,7 @@ def sub_groups_on_gpu(groups: list, optimizer_host_share: float) -> int:
 
 
 def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_host_share: float = 1.0,
-                       params_on_host: bool = True, sub_group: int = SUB_GROUP, param_sizes=(),
+                       params_on_host: bool = True, sub_group: int = SUB_GROUP_SIZE, param_sizes=(),
                        pinned_update_copy: bool = True) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-3 CPU offload of parameters and optimizer (pin_memory on):
     pinned, rounded by torch's cache: the flat gradient-partition buffer, the flat 16-bit parameter partitions and
@@ -120,14 +121,8 @@ def zero3_offload_host(psi: int, trained: int, ranks: int, half: int, optimizer_
 # Trainer's whole peak RSS there is 1.9 GiB with its 8.33B model on the GPU)
 PROCESS_HOST_BYTES = 2 * GIB
 
-# recipes/zero3_nvme.json's swap settings (tests/planner/test_largest.py holds them to the recipe)
-NVME_PARAM_BUFFERS = 5  # offload_param.buffer_count
-NVME_PARAM_BUFFER_SIZE = 100_000_000  # offload_param.buffer_size (elements)
-NVME_MAX_IN_CPU = 1_000_000_000  # offload_param.max_in_cpu (16-bit parameters kept in host memory)
-NVME_OPTIMIZER_BUFFERS = 4  # offload_optimizer.buffer_count
-
-
-def zero3_nvme_host(trained: int, ranks: int, half: int) -> int:
+def zero3_nvme_host(trained: int, ranks: int, half: int, swap: NvmeSwap = NvmeSwap(),
+                    sub_group: int = SUB_GROUP_SIZE) -> int:
     """Host bytes per rank of DeepSpeed 0.19.8's ZeRO-Infinity (zero3_nvme: parameters and optimizer on NVMe,
     pin_memory on), every buffer allocated at init and alive through training:
     - the flat gradient-partition buffer in the gradient-accumulation dtype (the model's 16 bits unless the config
@@ -142,33 +137,21 @@ def zero3_nvme_host(trained: int, ranks: int, half: int) -> int:
       SwapBufferManager), through which the master weights, Adam's moments and the gradients are swapped;
     - a pageable fp32 buffer of the largest sub-group that every swapped sub-group's .grad views
       (initialize_optimizer_states).
-    The master weights, Adam's moments and the fp32 gradients themselves are on NVMe (``offloaded_states``)."""
+    ``swap`` holds the buffer settings and ``sub_group`` the config's sub_group_size. The master weights, Adam's
+    moments and the fp32 gradients themselves are on NVMe (``zero3_nvme_files``)."""
     partition = trained // ranks
-    sub_group = min(partition, SUB_GROUP)
-    pinned = torch_pinned(half * partition) + torch_pinned(half * min(partition, NVME_MAX_IN_CPU))
-    locked = NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_SIZE * half + NVME_OPTIMIZER_BUFFERS * 4 * sub_group
-    if partition > NVME_MAX_IN_CPU:
+    sub_group = min(partition, sub_group)
+    pinned = torch_pinned(half * partition) + torch_pinned(half * min(partition, swap.max_in_cpu))
+    locked = swap.param_buffers * swap.param_buffer_size * half + swap.optimizer_buffers * 4 * sub_group
+    if partition > swap.max_in_cpu:
         locked += half * sub_group
     return pinned + locked + 4 * sub_group
 
 
-def offloaded_states(setup: str, psi: int, trained: int, ranks: int, gpus_per_node: int, half: int,
-                     accumulation: int = 1, param_sizes=(), fp32_accumulation: bool = True,
-                     placement: dict | None = None) -> tuple:
-    """(host, NVMe) bytes per node of an offload preset's model states: ZeRO-2 keeps the fp32 gradient partition,
-    master weights and Adam states on the host (zero2_offload_host); ZeRO-3 adds the 16-bit parameters, and
-    zero3_nvme keeps all of it on NVMe (zero3_nvme_host's swap buffers stay on the host): the 16-bit parameter
-    partitions (AsyncPartitionedParameterSwapper writes each one's swap file at partition time, and it stays
-    there even for the ones later kept in host memory), and the fp32 master weights, Adam's two moments and
-    the fp32 gradients (PartitionedOptimizerSwapper: one file each per sub-group). ``placement`` is zero3_offload's
-    when it differs from the preset's (RunShape.zero3_placement, zero3_placement_of)."""
-    if setup == "zero2_offload":
-        return zero2_offload_host(trained, ranks, half, accumulation, param_sizes, fp32_accumulation) * gpus_per_node, 0
-    if setup == "zero3_offload":
-        return zero3_offload_host(psi, trained, ranks, half, **(placement or {}), param_sizes=param_sizes) \
-            * gpus_per_node, 0
-    if setup == "zero3_nvme":
-        states = (half * psi + 16 * trained) // ranks * gpus_per_node
-        return zero3_nvme_host(trained, ranks, half) * gpus_per_node, states
-    return 0, 0
+def zero3_nvme_files(psi: int, trained: int, ranks: int, half: int) -> int:
+    """NVMe bytes per rank of ZeRO-Infinity's swap files: the 16-bit parameter partitions
+    (AsyncPartitionedParameterSwapper writes each one's swap file at partition time, and it stays there even for the
+    ones later kept in host memory), and the fp32 master weights, Adam's two moments and the fp32 gradients
+    (PartitionedOptimizerSwapper: one file each per sub-group)."""
+    return (half * psi + 16 * trained) // ranks
 

@@ -1,197 +1,115 @@
-"""The setups the planner plans (DDP and the ZeRO layouts), a DeepSpeed config's layout, and one setup's estimate."""
+"""The layouts the planner models, in one table keyed by what a DeepSpeed config says: its ZeRO stage and where its
+offload_optimizer and offload_param blocks put the states. A config of another combination is refused."""
 
-from dataclasses import replace
+from dataclasses import dataclass
+from typing import Callable
 
-from .activations import activation_bytes, logit_bytes, plain_activation_phases
-from .host_memory import PROCESS_HOST_BYTES, offloaded_activation_bytes, offloaded_states, sub_groups, sub_groups_on_gpu
-from .shapes import MAX_LIVE, SUB_GROUP, Estimate, ModelShape, RunShape
+from ..config.dotted import get_dotted, zero_stage
+from ..errors import ConfigError
+from .phases import (nothing_off_gpu, plain_phases, zero2_offload_phases, zero2_offload_states, zero3_nvme_phases,
+                     zero3_nvme_states, zero3_offload_phases, zero3_offload_states, zero3_phases, zero12_phases)
 
-SETUPS = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme")
-# Least sharding first, offload only when nothing on the GPUs fits: the first that fits is the fastest.
-# Measured on 2x H200, 1.35B (benchmarks/2xH200): zero3 30k tokens/s, zero3_offload 7.5k
-# (its Adam step runs on the CPU, as zero2_offload's does).
-PREFERENCE = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme")
+NONE, CPU, NVME = "none", "cpu", "nvme"  # offload devices; "none" also where the block is absent
 
-# Reduce buckets alive at once: two with overlap_comm (DeepSpeed's setup_buckets double-buffers), one without
-REDUCE_BUCKETS = {"zero1": 2, "zero2": 1, "zero2_offload": 2}
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a setup keeps the model states, and how the planner counts them."""
+
+    name: str  # the planner's name, and the preset in recipes/ whose JSON sets what a run leaves unset
+    stage: int | None  # the ZeRO stage; None: no DeepSpeed (the plain Trainer, DDP on more than one GPU)
+    # 0 is the fastest: the plan takes the fastest layout that fits. Least sharding first, offload only when nothing
+    # on the GPUs fits. Measured on 2x H200, 1.35B (benchmarks/2xH200): zero3 30k tokens/s, zero3_offload 7.5k (its
+    # Adam step runs on the CPU, as zero2_offload's does)
+    speed_rank: int
+    gpu_phases: Callable  # phases.Terms -> {phase of the step: {component: bytes per GPU}}
+    states_off_gpu: Callable  # phases.Terms -> (host bytes, NVMe bytes) per node of the model states
+    offloads_optimizer: bool = False
+
+    @property
+    def preset(self) -> str | None:
+        return None if self.stage is None else self.name
+
+
+DDP = Layout("ddp", None, 0, plain_phases, nothing_off_gpu)
+ZERO1 = Layout("zero1", 1, 1, zero12_phases, nothing_off_gpu)
+ZERO2 = Layout("zero2", 2, 2, zero12_phases, nothing_off_gpu)
+ZERO2_OFFLOAD = Layout("zero2_offload", 2, 4, zero2_offload_phases, zero2_offload_states, offloads_optimizer=True)
+ZERO3 = Layout("zero3", 3, 3, zero3_phases, nothing_off_gpu)
+ZERO3_OFFLOAD = Layout("zero3_offload", 3, 5, zero3_offload_phases, zero3_offload_states, offloads_optimizer=True)
+ZERO3_NVME = Layout("zero3_nvme", 3, 6, zero3_nvme_phases, zero3_nvme_states, offloads_optimizer=True)
+
+# (zero_optimization.stage, offload_optimizer.device, offload_param.device) -> the layout; None: no DeepSpeed config.
+# DeepSpeed reads offload_param at stage 3 only, so below it the key's parameter device is always "none".
+LAYOUTS = {
+    None: DDP,
+    (1, NONE, NONE): ZERO1,
+    (2, NONE, NONE): ZERO2,
+    (2, CPU, NONE): ZERO2_OFFLOAD,
+    (3, NONE, NONE): ZERO3,
+    (3, CPU, CPU): ZERO3_OFFLOAD,
+    (3, CPU, NONE): ZERO3_OFFLOAD,  # the 16-bit parameters stay on the GPUs (RunShape.params_on_host False)
+    (3, NVME, NVME): ZERO3_NVME,
+}
+_BY_NAME = {layout.name: layout for layout in LAYOUTS.values()}
+SETUPS = tuple(_BY_NAME)  # the layouts' names, in the table's order
+PREFERENCE = tuple(sorted(SETUPS, key=lambda name: _BY_NAME[name].speed_rank))  # the fastest first
+
+
+def layout_named(setup) -> Layout:
+    """The layout of this name (a Layout passes through)."""
+    if isinstance(setup, Layout):
+        return setup
+    if setup not in _BY_NAME:
+        raise ValueError(f"unknown setup {setup!r}; the planner's layouts are: {', '.join(SETUPS)}")
+    return _BY_NAME[setup]
+
+
+def _device(config: dict, block: str) -> str:
+    device = get_dotted(config, f"zero_optimization.{block}.device")
+    return device if device in (CPU, NVME) else NONE  # absent, "none", or a value DeepSpeed's parser rejects
+
+
+def layout_key(config: dict | None) -> tuple | None:
+    """The table's key for a DeepSpeed config (None for no config): its stage and its offload devices."""
+    if config is None:
+        return None
+    stage = zero_stage(config)
+    return stage, _device(config, "offload_optimizer"), _device(config, "offload_param") if stage == 3 else NONE
+
+
+def describe(key: tuple | None) -> str:
+    """A table key in words, e.g. "ZeRO-1 with offload_optimizer on cpu"."""
+    if key is None:
+        return "DDP (no DeepSpeed config)"
+    stage, optimizer, params = key
+    places = [f"offload_{block} on {device}" for block, device in (("optimizer", optimizer), ("param", params))
+              if device != NONE]
+    return f"ZeRO-{stage}" + (f" with {' and '.join(places)}" if places else "")
+
+
+def layout_problem(config: dict | None) -> str | None:
+    """Why the planner cannot plan this DeepSpeed config's layout (a combination its table does not model), or None;
+    a config without a ZeRO stage has no layout to plan, and no problem here."""
+    key = layout_key(config)
+    if key in LAYOUTS or not key[0]:
+        return None
+    modeled = ", ".join(f"{describe(k)} ({layout.name})" for k, layout in LAYOUTS.items() if k is not None)
+    return (f"{describe(key)} is a layout hf-zero plan does not model, so it cannot say what that config needs (it "
+            f"models {modeled}). Fix: give the config one of those layouts, or plan without it.")
+
+
+def layout_of_config(config: dict | None, source: str | None = None) -> Layout | None:
+    """The layout of a DeepSpeed config (DDP for None), or None when the config has no ZeRO stage; a layout the table
+    does not model is refused with a ConfigError (``source`` names the config in its message)."""
+    problem = layout_problem(config)
+    if problem:
+        raise ConfigError(problem, source=source)
+    key = layout_key(config)
+    return LAYOUTS[key] if key is None or key[0] else None
 
 
 def setup_of_config(config: dict) -> str | None:
     """The planner's name for a DeepSpeed config's layout (zero1 ... zero3_nvme); None without ZeRO."""
-    from ..config.dotted import get_dotted, offload_devices, zero_stage
-
-    stage = zero_stage(config)
-    if not stage:
-        return None
-    if stage == 3:
-        param_device = get_dotted(config, "zero_optimization.offload_param.device")
-        if param_device == "nvme":
-            return "zero3_nvme"
-        return "zero3_offload" if offload_devices(config) else "zero3"
-    if stage == 2 and offload_devices(config):
-        return "zero2_offload"
-    return f"zero{stage}"
-
-
-def run_of_config(run: RunShape, config: dict) -> RunShape:
-    """``run`` with what a DeepSpeed config's keys set (DeepSpeed's defaults where it leaves them out, the planner's
-    preset values where a value is "auto"): the reduce bucket, overlap_comm, stage3_max_live_parameters, ZeRO-3's
-    placement (offload_optimizer.ratio, offload_param, sub_group_size) and the accumulation dtype of an offloaded
-    optimizer. Planned this way, the shipped presets give the figures the planner gives their names."""
-    from ..config.dotted import accumulates_in_fp32, get_dotted, number_at
-
-    zero = lambda key, default: int(number_at(config, f"zero_optimization.{key}", default))
-    overlap = get_dotted(config, "zero_optimization.overlap_comm")
-    return replace(run, **zero3_placement_of(config), bucket=zero("reduce_bucket_size", 500_000_000),
-                   max_live=zero("stage3_max_live_parameters", MAX_LIVE),
-                   # DeepSpeed 0.19.8 turns overlap_comm on by default for stage 3 only, where the planner does not
-                   # count it; unset on ZeRO-1/2 it is off
-                   overlap_comm=bool(overlap) if isinstance(overlap, bool) else False,
-                   fp32_accumulation=accumulates_in_fp32(config), config_optimizer="optimizer" in config)
-
-
-def zero3_placement_of(config: dict) -> dict:
-    """RunShape's ZeRO-3 placement fields as a DeepSpeed config sets them (offload_optimizer.ratio, offload_param,
-    sub_group_size)."""
-    from ..config.dotted import optimizer_host_share, params_on_host, sub_group_size
-
-    return dict(optimizer_host_share=optimizer_host_share(config), params_on_host=params_on_host(config),
-                sub_group=sub_group_size(config, SUB_GROUP))
-
-
-def estimate(setup: str, model: ModelShape, run: RunShape) -> Estimate:
-    psi = model.params
-    # what trains: every weight, or a LoRA adapter on the frozen base (its gradients and optimizer states alone)
-    trained = model.adapter_params(run.lora_r, run.lora_targets) if run.lora_r else psi
-    if run.lora_r:
-        psi += trained  # the adapter's own weights
-    half = run.element_bytes
-    activations = activation_bytes(model, run, zero3=setup.startswith("zero3")) if setup != "ddp" else 0
-    host = nvme = 0
-    # the weights' sizes in the model's order, for the offload presets' buffers and sub-groups (not for an adapter)
-    sizes = model.param_sizes() if trained == psi else ()
-    if setup == "ddp":
-        phases = _plain_phases(model, run, psi, trained)
-    elif setup in REDUCE_BUCKETS:
-        phases, host = _zero12_phases(setup, model, run, psi, trained, activations, sizes)
-    else:  # ZeRO-3: parameters sharded, gathered for use
-        phases, host, nvme = _zero3_phases(setup, model, run, psi, trained, activations, sizes)
-    if setup != "ddp":
-        host += offloaded_activation_bytes(model, run, half) * run.gpus_per_node
-    else:
-        host += offloaded_activation_bytes(model, run, 4, sequence_parallel=False) * run.gpus_per_node
-    host += _add_reference_model(setup, phases, model, run)
-    host += PROCESS_HOST_BYTES * run.gpus_per_node
-    return Estimate(setup, phases, host, nvme)
-
-
-def _zero12_phases(setup: str, model: ModelShape, run: RunShape, psi: int, trained: int, activations: int,
-                   sizes) -> tuple:
-    """ZeRO-1/2's phases on each GPU, and zero2_offload's host bytes per node."""
-    n, half = run.ranks, run.element_bytes
-    bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
-    host = 0
-    buckets = REDUCE_BUCKETS[setup] if run.overlap_comm is None else 1 + bool(run.overlap_comm)
-    weights = {"parameters": half * psi}
-    if setup != "zero2_offload":
-        weights["optimizer"] = 12 * trained // n
-    phases = {"backward": {**weights, "activations": activations},
-              # the loss and logits are freed by the time the first gradients are reduced
-              "first gradient reduce": {**weights, "activations": activations - logit_bytes(model, run),
-                                        "buffers": buckets * bucket}}
-    if setup == "zero2_offload":
-        host, _ = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, run.accumulation, sizes,
-                                   run.fp32_accumulation)
-        if run.fp32_accumulation:
-            # the fp32 gradient partition on the GPU, built at a step's first reduce and freed by its optimizer
-            # step: accumulating, it is alive through the later micro-batches' backward too
-            phases["first gradient reduce"]["gradients"] = 4 * trained // n
-            if run.accumulation > 1:
-                phases["backward"]["gradients"] = 4 * trained // n
-    else:
-        # the gradient buffer and its fp32 copy: one tensor only in fp32 runs of a config's one-group optimizer
-        # (2 ranks, fp32 on CPU, torch AdamW: 1,496,052 bytes live at the step against 1,282,928 with the config's)
-        fp32_grad = 4 if half == 4 else half + 4
-        step_grad = fp32_grad if run.config_optimizer else half + 4
-        phases["optimizer step"] = {**weights, "gradients": step_grad * trained // n}
-    return phases, host
-
-
-def _zero3_phases(setup: str, model: ModelShape, run: RunShape, psi: int, trained: int, activations: int,
-                  sizes) -> tuple:
-    """ZeRO-3's phases on each GPU, and its offload layouts' host and NVMe bytes per node."""
-    n, half = run.ranks, run.element_bytes
-    bucket = run.bucket * half  # DeepSpeed allocates the configured size, however small the model
-    # at the step the 16-bit gradient partition and its fp32 copy are alive together (one tensor in fp32 runs)
-    fp32_grad = 4 if half == 4 else half + 4
-    host = nvme = 0
-    offload = setup != "zero3"
-    # what stays gathered from the forward into the backward: fetched parameters are not released
-    # while stage3_max_live_parameters allows (measured 1.91 GiB at 1e9 for 1.35B at N = 2, 4 and 8;
-    # none on one GPU, where nothing is gathered unless the parameters live on the host)
-    fetched = n > 1 or (offload and run.params_on_host)
-    gathered = half * (min(run.max_live, psi) + model.largest_layer) if fetched else 0
-    if not offload:
-        states = {"parameters": half * psi // n, "gradients": half * trained // n, "optimizer": 12 * trained // n}
-        phases = {"backward": {**states, "activations": activations, "buffers": bucket + gathered},
-                  "optimizer step": {**states, "step": fp32_grad * min(SUB_GROUP, trained // n), "buffers": bucket}}
-    else:
-        phases = {"backward": {"activations": activations, "buffers": bucket + gathered}}
-        placement = None
-        if setup == "zero3_offload":
-            placement = run.zero3_placement
-            if not run.params_on_host:
-                phases["backward"]["parameters"] = half * psi // n
-            groups = sub_groups(trained // n, run.sub_group, sizes, n)
-            # the GPU's sub-groups: fp32 master weights, Adam's two moments and an fp32 gradient buffer each
-            on_gpu = sum(groups[:sub_groups_on_gpu(groups, run.optimizer_host_share)])
-            if on_gpu:
-                phases["backward"]["optimizer"] = 16 * on_gpu
-        host, nvme = offloaded_states(setup, psi, trained, n, run.gpus_per_node, half, param_sizes=sizes,
-                                      placement=placement)
-    return phases, host, nvme
-
-
-def _plain_phases(model: ModelShape, run: RunShape, psi: int, trained: int) -> dict:
-    """The plain Trainer's phases: fp32 weights and Adam states (torch's fused AdamW: no step temporaries);
-    gradients only from the backward on (the Trainer sets them to None after each step), so the backward's
-    start holds none. With bf16/fp16, autocast's 16-bit copies of the Linear weights are cached for the whole
-    forward: every one of them until the forward ends, and, without checkpointing, saved into the backward.
-    DDP's reducer copies every fp32 gradient into its buckets (gradient_as_bucket_view is off), allocated with
-    the reducer; one process is not wrapped in DDP (29.73 GiB measured on one H200, 34.72 on two)."""
-    states = {"parameters": 4 * psi, "optimizer": 8 * trained}
-    buckets = 4 * trained if run.ranks > 1 else 0
-    copies = 2 * model.linear_params if run.dtype in ("bf16", "fp16") else 0
-    activations = plain_activation_phases(model, run)
-    # accumulating, the fp32 gradients of the earlier micro-batches are alive through every later forward
-    # (34.74 GiB at 16 micro-batches of 4 x 1024 tokens on one H200, 29.73 at one)
-    accumulated = 4 * trained if run.accumulation > 1 else 0
-    phases = {}
-    for moment, held in activations.items():
-        cached = copies if moment == "loss" or not run.checkpointing else 0
-        phases[moment] = {**states, "activations": held, "buffers": buckets + cached}
-        if accumulated:
-            phases[moment]["gradients"] = accumulated
-    if "recompute" in phases and not accumulated:  # the LM head's fp32 gradient is there by the first recompute (full fine-tuning)
-        phases["recompute"]["gradients"] = 4 * model.vocab * model.hidden if trained == psi else 0
-    phases["optimizer step"] = {**states, "gradients": 4 * trained, "buffers": buckets}
-    return phases
-
-
-def _add_reference_model(setup: str, phases: dict, model: ModelShape, run: RunShape) -> int:
-    """TRL's reference model (DPO, KTO) in each phase; returns what it adds to the host per node.
-
-    TRL builds it as a second DeepSpeed engine from the run's config: under ZeRO-3 partitioned like the policy
-    (1/N of its 16-bit weights per GPU, on the host with parameter offload), under ZeRO-1/2 with stage 0, so a
-    whole 16-bit copy sits on every GPU (as under DDP). With LoRA, TRL turns the adapter off instead: no copy."""
-    if not run.reference_model or run.lora_r:
-        return 0
-    weights = run.element_bytes * model.params
-    if setup in ("zero3_offload", "zero3_nvme"):
-        return weights // run.ranks * run.gpus_per_node
-    per_gpu = weights // run.ranks if setup == "zero3" else weights
-    for components in phases.values():
-        components["reference model"] = per_gpu
-    return 0
-
-
+    layout = layout_of_config(config)
+    return None if layout is None else layout.name

@@ -1,8 +1,10 @@
 """Why a run cannot start: an offload layout's states over the node's memory, an NVMe partition over its buffer."""
 
-from .host_memory import NVME_PARAM_BUFFER_SIZE, PROCESS_HOST_BYTES, offloaded_states
-from .layouts import setup_of_config, zero3_placement_of
-from .shapes import GIB
+from .host_memory import PROCESS_HOST_BYTES
+from .layouts import layout_of_config, layout_problem
+from .phases import Terms
+from .settings import nvme_swap_of, run_of_config
+from .shapes import GIB, RunShape
 
 
 def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | None:
@@ -13,7 +15,7 @@ def nvme_buffer_problem(config: dict, largest_param: int, ranks: int) -> str | N
     block = (config.get("zero_optimization") or {}).get("offload_param")
     if not isinstance(block, dict) or block.get("device") != "nvme":
         return None
-    buffer_size = int(float(block.get("buffer_size", NVME_PARAM_BUFFER_SIZE)))
+    buffer_size = nvme_swap_of(config).param_buffer_size
     partition = -(-largest_param // max(1, ranks))  # DeepSpeed pads each parameter to a multiple of the ranks
     if partition <= buffer_size:
         return None
@@ -29,14 +31,18 @@ def host_memory_problem(config: dict, params: int, trained: int, ranks: int, loc
     """Why an offload preset's model states and its processes cannot fit this node's memory (the planner's figure),
     or None. The figure is DeepSpeed's host buffers without gradient accumulation's extra ones, plus each process's
     own memory (PROCESS_HOST_BYTES); it is under every peak measured on one H200 (73.2 GiB against 73.4 for the
-    largest zero2_offload model), so only a run that cannot fit is refused."""
-    setup = setup_of_config(config)
+    largest zero2_offload model), so only a run that cannot fit is refused. A layout the planner does not model
+    (layouts.layout_problem) has no figure: it is not refused here."""
+    layout = None if layout_problem(config) else layout_of_config(config)
+    if layout is None:
+        return None
     # DeepSpeed's own buffers only: ZeroCallback's pinned update buffers are left out, and allocated only when the
     # host has room for them (engine_fixes)
-    placement = {**zero3_placement_of(config), "pinned_update_copy": False}
-    states = offloaded_states(setup, params, trained, ranks, local_ranks, half, placement=placement)[0] if setup else 0
+    terms = Terms(run_of_config(RunShape(), config), params, trained, ranks, local_ranks, half, pinned_update_copy=False)
+    states = layout.states_off_gpu(terms)[0]
     if not states:
         return None
+    setup = layout.name
     host = states + PROCESS_HOST_BYTES * local_ranks
     if host <= host_bytes:
         return None

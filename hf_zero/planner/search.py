@@ -2,7 +2,9 @@
 
 from dataclasses import dataclass, field, replace
 
-from .layouts import PREFERENCE, SETUPS, estimate, run_of_config, setup_of_config
+from .estimate import estimate
+from .layouts import Layout, layout_named, layout_of_config
+from .settings import preset_configs, run_of_config, settled
 from .shapes import GIB, Estimate, ModelShape, RunShape
 
 
@@ -98,6 +100,7 @@ def longest_sequence(setup: str, model: ModelShape, run: RunShape, gpu_capacity:
     """The longest sequence (the run's micro batch, a multiple of the sequence-parallel size) whose estimate fits,
     found by bisection over the same estimate; None when not even the shortest fits."""
     step = run.sequence_parallel
+    run = settled(run, layout_named(setup).preset)
 
     def fits(k: int) -> bool:
         planned = estimate(setup, model, replace(run, seq=k * step))
@@ -128,6 +131,7 @@ def largest_model(setup: str, model: ModelShape, run: RunShape, gpu_capacity: in
     whose estimate fits, found by bisection over the decoder layers as ``longest_sequence`` does over the sequence.
     ``limit`` names the
     resources the next layer would overflow: where the host or the NVMe disk, not the GPU, stops the model."""
+    run = settled(run, layout_named(setup).preset)
 
     def over(layers: int) -> tuple:
         planned = estimate(setup, model.with_layers(layers), run)
@@ -141,22 +145,24 @@ def largest_model(setup: str, model: ModelShape, run: RunShape, gpu_capacity: in
 
 
 def planned_setups(run: RunShape, configs: dict | None = None) -> list:
-    """(name, layout, run) for each setup to plan: DDP and the planner's layouts by name, or, with ``configs`` (name ->
-    DeepSpeed config dict; None for a built-in name), each config planned from its keys (its layout from its stage and
-    offload devices, its buckets and placement through run_of_config)."""
-    if configs is None:
-        return [(name, name, run) for name in SETUPS]
+    """(name, layout, run) for each setup to plan: ``configs`` maps a name to a DeepSpeed config dict (None: the plain
+    Trainer, no DeepSpeed), each planned from its keys (its layout from the table, its buffers and placement through
+    run_of_config); without ``configs``, DDP and every preset in recipes/ (settings.preset_configs). A layout the
+    table does not model is refused (layouts.layout_of_config)."""
     planned = []
-    for name, config in configs.items():
-        if config is None:
-            planned.append((name, name, run))
-            continue
-        layout = setup_of_config(config)
+    for name, config in (preset_configs() if configs is None else configs).items():
+        layout = layout_of_config(config, source=name)
         if layout is None:
             raise ValueError(f"{name}: no ZeRO stage (zero_optimization.stage is 0 or missing); the planner plans "
                              "ZeRO configs, and DDP without one")
-        planned.append((name, layout, run_of_config(run, config)))
+        planned.append((name, layout, run if config is None else run_of_config(run, config)))
     return planned
+
+
+def _offloads_the_whole_optimizer(layout: Layout, run: RunShape) -> bool:
+    """An offload layout with all of the optimizer on the host and, under ZeRO-3, the parameters too (a placement the
+    run already splits is planned as given)."""
+    return layout.offloads_optimizer and run.optimizer_host_share == 1 and (run.params_on_host or layout.stage < 3)
 
 
 def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib: float | None = None,
@@ -164,8 +170,8 @@ def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib:
               configs: dict | None = None) -> Plan:
     """The fastest setup that fits in ``headroom`` of each GPU (and of host memory and NVMe for offload), and the
     longest sequence each setup fits; with ``largest``, also the deepest model of the model's shape each setup
-    fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice. ``configs``: plan these
-    named DeepSpeed configs from their keys instead of the built-in setups (planned_setups)."""
+    fits. The plain Trainer has no Ulysses: with sequence parallelism it is not a choice. ``configs``: the named
+    DeepSpeed configs to plan from their keys, by default DDP and every preset in recipes/ (planned_setups)."""
     capacity, host_capacity = int(gpu_mem_gib * GIB), int(cpu_mem_gib * GIB) if cpu_mem_gib else None
     nvme_capacity = int(nvme_mem_gib * GIB) if nvme_mem_gib else None
     setups = planned_setups(run, configs)
@@ -173,9 +179,9 @@ def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib:
     estimates = [replace(estimate(layout, model, shape), setup=name) for name, layout, shape in setups]
     reasons, choice = {}, None
     # least sharding first; configs of one layout in the order given
-    for est in sorted(estimates, key=lambda e: PREFERENCE.index(layouts[e.setup])):
+    for est in sorted(estimates, key=lambda e: layouts[e.setup].speed_rank):
         short = shortfall(est, capacity, host_capacity, headroom, nvme_capacity)
-        if layouts[est.setup] == "ddp" and run.sequence_parallel > 1:
+        if layouts[est.setup].stage is None and run.sequence_parallel > 1:
             reasons[est.setup] = ("not with sequence parallelism: Ulysses runs under DeepSpeed (Accelerate's "
                                   "sp_backend='deepspeed'); planned here with the whole sequence on each GPU")
         elif short:
@@ -194,8 +200,7 @@ def make_plan(model: ModelShape, run: RunShape, gpu_mem_gib: float, cpu_mem_gib:
     # asks for is planned as given)
     partial = None
     chosen = next((shape for name, _, shape in setups if name == choice), run)
-    if choice is not None and layouts[choice] in ("zero2_offload", "zero3_offload", "zero3_nvme") \
-            and chosen.optimizer_host_share == 1 and chosen.params_on_host:
+    if choice is not None and _offloads_the_whole_optimizer(layouts[choice], chosen):
         partial = partial_offload_share(model, chosen, capacity, host_capacity, headroom)
     return Plan(model, run, capacity, host_capacity, estimates, choice, reasons, longest, nvme_capacity, deepest,
                 partial)

@@ -3,10 +3,9 @@
 from dataclasses import asdict, dataclass, field, replace
 
 from ..zero3.moe import active_params
+from .deepspeed_defaults import NvmeSwap
 
 GIB = 1024**3
-SUB_GROUP = 1_000_000_000  # the presets' sub_group_size: ZeRO-3 steps the optimizer one sub-group at a time
-MAX_LIVE = 1_000_000_000  # the presets' stage3_max_live_parameters (and max_reuse_distance)
 
 
 # hf_zero's long-context switch, each part optional:
@@ -112,7 +111,6 @@ class RunShape:
     gradient_checkpointing: bool = False
     dtype: str = "bf16"
     compiled: bool = False  # TrainingArguments(torch_compile=True)
-    bucket: int = 500_000_000  # reduce / prefetch bucket elements (hf_zero presets)
     lora_r: int = 0  # > 0: a peft LoRA adapter of this rank trains on the frozen model
     lora_targets: tuple = ("all-linear",)  # the decoder layers' Linear names it adapts (peft's target_modules)
     fp32_adapters: bool = False  # ZeRO-3 trains the adapter in fp32 (without ZeroCallback's cast to 16 bits)
@@ -120,22 +118,26 @@ class RunShape:
     sequence_parallel: int = 1  # DeepSpeed's Ulysses sp_size: each GPU holds seq / sp tokens of activations
     long_context: tuple = ()  # parts of hf_zero's long-context switch (LONG_CONTEXT_PARTS)
     accumulation: int = 1  # gradient accumulation steps: micro-batches per optimizer step
-    # zero2_offload accumulates gradients in an fp32 partition on the GPU (the preset's data_types.grad_accum_dtype);
-    # False: DeepSpeed's default, 16-bit buffers per parameter on the host
-    fp32_accumulation: bool = True
-    # zero3_offload's placement (offload_optimizer.ratio, offload_param, sub_group_size): the share of the
-    # optimizer's sub-groups stepped by CPU Adam on the host (the rest keep fp32 master weights, Adam's moments
-    # and fp32 gradients on the GPU), and whether the 16-bit parameters live on the host
-    optimizer_host_share: float = 1.0
-    params_on_host: bool = True
-    sub_group: int = SUB_GROUP
-    # zero_optimization.overlap_comm of a ZeRO-1/2 config (two reduce buckets alive at once); None: the layout's preset
+    # What a DeepSpeed config's keys set (run_of_config reads them). None: as the layout's preset in recipes/ sets
+    # it, when a setup is estimated by its layout's name (the harness and the tests do).
+    bucket: int | None = None  # zero_optimization.reduce_bucket_size, elements
+    # zero_optimization.overlap_comm of a ZeRO-1/2 config: two reduce buckets alive at once
     overlap_comm: bool | None = None
-    max_live: int = MAX_LIVE  # zero_optimization.stage3_max_live_parameters
+    max_live: int | None = None  # zero_optimization.stage3_max_live_parameters
+    # zero2_offload accumulates gradients in an fp32 partition on the GPU (data_types.grad_accum_dtype fp32);
+    # False: DeepSpeed's default, 16-bit buffers per parameter on the host
+    fp32_accumulation: bool | None = None
+    # ZeRO-3's placement (offload_optimizer.ratio, offload_param, sub_group_size): the share of the optimizer's
+    # sub-groups stepped by CPU Adam on the host (the rest keep fp32 master weights, Adam's moments and fp32
+    # gradients on the GPU), and whether the 16-bit parameters live off the GPU
+    optimizer_host_share: float | None = None
+    params_on_host: bool | None = None
+    sub_group: int | None = None
     # the config names DeepSpeed's optimizer, which steps one parameter group; without one the Trainer's (or a loop's)
     # torch AdamW steps two (weight decay on and off), and ZeRO-1/2 keep the reduced-gradient buffer of the second
     # alive while the first steps on its fp32 copy
-    config_optimizer: bool = False
+    config_optimizer: bool | None = None
+    nvme_swap: NvmeSwap | None = None  # zero3_nvme's swap buffers (offload_param / offload_optimizer on NVMe)
 
     @property
     def zero3_placement(self) -> dict:
