@@ -118,7 +118,8 @@ def _partial_offload_lines(share: float | None, config_given: bool) -> list:
         return []
     how = (f"its keys: zero_optimization.offload_optimizer.ratio {share:g}, no offload_param, sub_group_size "
            f"{PARTIAL_OFFLOAD_SUB_GROUP}" if config_given else
-           f"plan and --write it with --offload-ratio {share:g} --params-on-gpu --sub-group-size {PARTIAL_OFFLOAD_SUB_GROUP}")
+           f"plan and --write it with --offload-ratio {share:g} --params-on-gpu --sub-group-size "
+           f"{PARTIAL_OFFLOAD_SUB_GROUP}")
     return [f"  also fits: zero3_offload with {share:.0%} of the optimizer on the host and the parameters on the GPU; "
             + how, "    (measured faster than zero2_offload on one GPU: hf_zero's docs, planner.md)"]
 

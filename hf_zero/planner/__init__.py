@@ -1,5 +1,10 @@
 """hf-zero plan's ZeRO-aware per-GPU memory model: which setup fits a model on given GPUs, and why the others do not.
 
+A setup is a layout (DDP, zero1 ... zero3_nvme) from one table keyed by what its DeepSpeed config says: the ZeRO stage
+and the offload devices (layouts.LAYOUTS); a combination the table does not model is refused. Within a layout, the
+config's keys size the buffers and place the states (settings.run_of_config); the presets in recipes/ are read the
+same way, and a setup estimated by its layout's name takes that preset's keys.
+
 A training step peaks in one of two phases, and the plan is the larger of them:
 - backward: the loss is computed and backward starts. Every activation is alive; ZeRO-1/2 hold no
   gradients yet (set to None after the last step, then reduced into partitions bucket by bucket).
@@ -33,14 +38,14 @@ so its residual stream is fp32 and its loss holds fp32 logits: its activations a
 (``plain_activation_phases``) at three moments of the step, and the longest sequence it fits matches the one
 measured. hf_zero's long-context parts (LONG_CONTEXT_PARTS) and Ulysses sequence parallelism change the per-token
 terms; ``longest_sequence`` bisects over the same estimate. The constants marked "calibrated" were fitted to
-memory snapshots of the 1.35B model on H200s (benchmarks): tests/test_planner.py holds
+memory snapshots of the 1.35B model on H200s (benchmarks): tests/planner/test_planner.py holds
 every measured peak (1.35B and 7.2B, N = 1 to 8) to +-15%. The optimizer-step bytes are also checked
-on CPU, where they are countable: tests/test_zero_training.py counts every live tensor just before
+on CPU, where they are countable: tests/multiproc/test_zero_training.py counts every live tensor just before
 DeepSpeed's optimizer step.
 
 LoRA (``RunShape.lora_r``): the base is frozen, so gradients and optimizer states are the adapter's
 alone, and a frozen layer saves less for its backward (counted in ``frozen_base_saving``, checked
-on CPU by tests/test_planner.py). Left alone, ZeRO-3 trains peft's adapters in fp32 (DeepSpeed
+on CPU by tests/planner/test_planner.py). Left alone, ZeRO-3 trains peft's adapters in fp32 (DeepSpeed
 partitions them as they are) and peft keeps an fp32 copy of each adapted layer's input for the
 backward: 6.52 GiB with LoRA on every Linear of the 1.35B model (``--simulate-ranks``). ZeroCallback
 casts the adapters to the base's 16 bits, as ZeRO-1/2 train them; ``RunShape.fp32_adapters`` plans
