@@ -124,7 +124,7 @@ def test_chat_data(tiny_models, tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
     finetune(["--model", tiny_models["llama_tok"], "--data", data, "--task", "chat", "--max_length", "32",
-              "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:recipes/accelerate/zero2.yaml")
+              "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:zero2")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["zero_stage"] == 2 and summary["world_size"] == 2
     assert summary["preset"] == "zero2"  # the config the YAML carries inline, named
