@@ -3,9 +3,9 @@
 Each preset is a DeepSpeed JSON file beside this one; every value the Trainer knows is "auto",
 so ``--deepspeed recipes/zero3.json`` matches any TrainingArguments. A preset's Accelerate YAML is
 written from its JSON (``hf-zero presets NAME --accelerate-config FILE``); accelerate/ holds only the
-YAMLs of other layouts (several machines, sequence parallelism). The scheduler is deliberately left out: the Trainer then
-builds the one ``--lr_scheduler_type`` asks for, instead of DeepSpeed's WarmupDecayLR
-silently replacing it.
+YAMLs of other layouts (several machines, sequence parallelism). The scheduler is deliberately left
+out: the Trainer then builds the one ``--lr_scheduler_type`` asks for, instead of DeepSpeed's
+WarmupDecayLR silently replacing it.
 """
 
 DESCRIPTIONS = {

@@ -70,7 +70,7 @@ def test_nvme_path_comes_from_an_override_never_hard_coded(tmp_path):
 
 
 def accelerate_reads(path: Path):
-    """(Accelerate's config, the DeepSpeed config inline in it), read as ``accelerate launch --config_file`` reads them."""
+    """(Accelerate's config, the DeepSpeed config inline in it), read as ``accelerate launch --config_file`` does."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils.deepspeed import HfDeepSpeedConfig
 

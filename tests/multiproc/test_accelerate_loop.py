@@ -1,4 +1,4 @@
-"""A user's own Accelerate loop with the presets' YAMLs: hf_zero.accelerator(), hf_zero.prepare, hf_zero.save_pretrained."""
+"""A user's own Accelerate loop under the presets' YAMLs: hf_zero.accelerator(), hf_zero.prepare, save_pretrained."""
 
 import time
 
