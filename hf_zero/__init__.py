@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _PUBLIC = {
     "accelerate_config_path": "config.presets",
+    "accelerate_config_text": "config.accelerate_yaml",
     "accelerator": "accelerate_loop",
     "attach": "trainer.callback",
     "CheckpointError": "errors",

@@ -1,10 +1,11 @@
 """hf_zero's DeepSpeed presets, installed as the package ``hf_zero.recipes``.
 
 Each preset is a DeepSpeed JSON file beside this one; every value the Trainer knows is "auto",
-so ``--deepspeed recipes/zero3.json`` matches any TrainingArguments. The Accelerate YAMLs in
-accelerate/ point at these files. The scheduler is deliberately left out: the Trainer then
-builds the one ``--lr_scheduler_type`` asks for, instead of DeepSpeed's WarmupDecayLR
-silently replacing it.
+so ``--deepspeed recipes/zero3.json`` matches any TrainingArguments. A preset's Accelerate YAML is
+written from its JSON (``hf-zero presets NAME --accelerate-config FILE``); accelerate/ holds only the
+YAMLs of other layouts (several machines, sequence parallelism). The scheduler is deliberately left
+out: the Trainer then builds the one ``--lr_scheduler_type`` asks for, instead of DeepSpeed's
+WarmupDecayLR silently replacing it.
 """
 
 DESCRIPTIONS = {

@@ -1,10 +1,13 @@
 """Shared fixtures: tiny models built from a config, and launching DeepSpeed workers for real."""
 
+import atexit
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,25 @@ def launcher_script(name: str) -> str:
     return shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
+@functools.cache
+def _accelerate_configs() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="hf_zero-accelerate-configs-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def accelerate_config_file(name_or_path: str) -> str:
+    """The Accelerate YAML for ``accelerate:NAME``: a YAML file's path as given, or the Accelerate config of the preset
+    (or launch-only config) NAME, written as ``hf-zero presets NAME --accelerate-config FILE`` writes it."""
+    import hf_zero
+
+    if name_or_path.endswith(".yaml"):
+        return name_or_path
+    path = _accelerate_configs() / f"{name_or_path}.yaml"
+    path.write_text(hf_zero.accelerate_config_text(name_or_path))
+    return str(path)
+
+
 def launch_command(launcher: str, nproc: int, script_args: list, script: Path = WORKER) -> list:
     port = str(free_port())
     if launcher == "python":
@@ -67,7 +89,7 @@ def launch_command(launcher: str, nproc: int, script_args: list, script: Path = 
     if launcher == "deepspeed":
         return [launcher_script("deepspeed"), "--num_gpus", str(nproc), "--master_port", port, str(script), *script_args]
     if launcher.startswith("accelerate:"):
-        yaml = launcher.split(":", 1)[1]
+        yaml = accelerate_config_file(launcher.split(":", 1)[1])
         return [launcher_script("accelerate"), "launch", "--config_file", yaml, "--num_processes", str(nproc),
                 "--main_process_port", port, str(script), *script_args]
     raise ValueError(launcher)
@@ -264,7 +286,7 @@ def accelerate_zero3_loop(tiny_models, tmp_path_factory):
     """Accelerate's README loop with hf_zero (tests/workers/train_accelerate.py) under the zero3 YAML, 2 processes,
     once per session: its result.json, gathered weights and saved model."""
     out = tmp_path_factory.mktemp("accelerate_zero3_loop")
-    run_worker(["--model", tiny_models["llama"], "--out", out], nproc=2, launcher="accelerate:recipes/accelerate/zero3.yaml",
+    run_worker(["--model", tiny_models["llama"], "--out", out], nproc=2, launcher="accelerate:zero3",
                script=REPO / "tests" / "workers" / "train_accelerate.py")
     return out
 

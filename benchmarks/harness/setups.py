@@ -101,6 +101,10 @@ class Setup:
         """Why the planner has no prediction for this setup, or None."""
         if self.kind == "fsdp":
             return "the planner has no FSDP model"
+        if self.kind != "ddp" and self.deepspeed:
+            from hf_zero.planner import layout_problem
+
+            return layout_problem(self.deepspeed)
         return None
 
     def lora_targets(self, model_type: str) -> tuple:

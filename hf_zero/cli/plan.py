@@ -9,8 +9,8 @@ from pathlib import Path
 from ..distributed import gpu_memory_bytes
 from ..errors import ConfigError
 from ..output_paths import refuse_overlaps
-from ..planner import (GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, PARTIAL_OFFLOAD_SUB_GROUP, SETUPS, SUB_GROUP, ModelShape,
-                       RunShape, make_plan)
+from ..planner import (GIB, LONG_CONTEXT_PARTS, MAX_LAYERS_SEARCHED, PARTIAL_OFFLOAD_SUB_GROUP, ModelShape, RunShape,
+                       make_plan)
 
 _COMPONENTS = ("parameters", "gradients", "optimizer", "step", "activations", "buffers", "reference model")
 _SHORT = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
@@ -66,8 +66,8 @@ def add_parser(subparsers):
     p.add_argument("--params-on-gpu", action="store_true",
                    help="zero3_offload: keep the 16-bit parameters on the GPU (no offload_param block)")
     p.add_argument("--sub-group-size", type=int, default=None, metavar="N",
-                   help=f"zero3_offload: elements per optimizer sub-group, the unit --offload-ratio splits "
-                        f"(default {SUB_GROUP:.0e})")
+                   help="zero3_offload: elements per optimizer sub-group, the unit --offload-ratio splits "
+                        "(default: the preset's sub_group_size)")
     p.add_argument("--largest", action="store_true",
                    help="for each setup, the deepest model of MODEL's shape (hidden size, heads, intermediate size, "
                         "vocabulary) that fits, and which resource (GPU, host, NVMe) stops it")
@@ -112,7 +112,19 @@ def _gpu_mem(args) -> float:
     return total / GIB
 
 
-def render(plan) -> str:
+def _partial_offload_lines(share: float | None, config_given: bool) -> list:
+    """The faster split an offload choice has room for: how to plan it, with the flags or, for a --config, its keys."""
+    if share is None:
+        return []
+    how = (f"its keys: zero_optimization.offload_optimizer.ratio {share:g}, no offload_param, sub_group_size "
+           f"{PARTIAL_OFFLOAD_SUB_GROUP}" if config_given else
+           f"plan and --write it with --offload-ratio {share:g} --params-on-gpu --sub-group-size "
+           f"{PARTIAL_OFFLOAD_SUB_GROUP}")
+    return [f"  also fits: zero3_offload with {share:.0%} of the optimizer on the host and the parameters on the GPU; "
+            + how, "    (measured faster than zero2_offload on one GPU: hf_zero's docs, planner.md)"]
+
+
+def render(plan, config_given: bool = False) -> str:
     m, r = plan.model, plan.run
     parts = ",".join(r.long_context)
     active = "" if m.active_params is None else f" ({m.active_params / 1e9:.2f}B active per token)"
@@ -139,12 +151,7 @@ def render(plan) -> str:
         lines.append(f"Recommended: {plan.choice} ({plan.reasons[plan.choice]})")
     else:
         lines.append("Nothing fits: add GPUs or nodes, lower --micro-batch or --seq, or use --gradient-checkpointing.")
-    if plan.partial_offload is not None:
-        share = plan.partial_offload
-        lines.append(f"  also fits: zero3_offload with {share:.0%} of the optimizer on the host and the parameters on "
-                     f"the GPU; plan and --write it with --offload-ratio {share:g} --params-on-gpu --sub-group-size "
-                     f"{PARTIAL_OFFLOAD_SUB_GROUP}")
-        lines.append("    (measured faster than zero2_offload on one GPU: hf_zero's docs, planner.md)")
+    lines += _partial_offload_lines(plan.partial_offload, config_given)
     for setup in (e.setup for e in plan.estimates):
         if setup != plan.choice and not plan.reasons[setup].startswith("fits"):
             lines.append(f"  not {setup}: {plan.reasons[setup]}")
@@ -279,13 +286,6 @@ def write_config(plan, path, configs: dict | None = None) -> None:
     if plan.run.lora_r and config["zero_optimization"].get("stage3_module_granularity_threshold"):
         # leaf modules break a frozen base with adapters in DeepSpeed 0.19.8 (ZeroCallback turns them off too)
         set_dotted(config, "zero_optimization.stage3_module_granularity_threshold", 0)
-    if plan.choice == "zero3_offload" and planned is None:  # the placement the plan counted (--offload-ratio, --params-on-gpu)
-        if plan.run.optimizer_host_share < 1:
-            set_dotted(config, "zero_optimization.offload_optimizer.ratio", plan.run.optimizer_host_share)
-        if plan.run.sub_group != SUB_GROUP:
-            set_dotted(config, "zero_optimization.sub_group_size", plan.run.sub_group)
-        if not plan.run.params_on_host:
-            del config["zero_optimization"]["offload_param"]
     Path(path).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -325,31 +325,47 @@ def _check_layout(model, run_shape) -> None:
                           "(Ulysses gives each GPU whole heads). Fix: a size that divides the head count.")
 
 
-def configs_to_plan(args) -> dict | None:
-    """Name -> DeepSpeed config for make_plan: the --config alone, or DDP and the planner's presets by name plus every
-    other preset in recipes/ (planned from its keys); None when there are no others."""
-    from ..config.presets import is_preset_name, load_config, preset_names, preset_problem
-    from ..planner import setup_of_config
+def configs_to_plan(args) -> dict:
+    """Name -> DeepSpeed config for make_plan, each planned from its keys: the --config alone, or DDP (None) and every
+    preset in recipes/, the zero3_offload preset with its placement flags. A layout the planner does not model is
+    refused here, naming the file."""
+    from ..config.presets import is_preset_name, load_config, preset_path
+    from ..planner import layout_of_config, preset_configs
 
-    if args.config is not None:
-        placement = [flag for flag, value in (("--offload-ratio", args.offload_ratio),
-                                              ("--sub-group-size", args.sub_group_size),
-                                              ("--params-on-gpu", args.params_on_gpu or None)) if value is not None]
-        if placement:
-            raise ConfigError(f"{', '.join(placement)} set a preset's placement; with --config the config's own "
-                              "keys (offload_optimizer.ratio, sub_group_size, offload_param) say it. Fix: set them in "
-                              "the config, or drop --config")
-        config = load_config(args.config)
-        if setup_of_config(config) is None:
-            raise ConfigError(f"--config {args.config}: zero_optimization.stage is 0 or missing, so there is no ZeRO "
-                              "layout to plan. Fix: pass a ZeRO config (stage 1, 2 or 3), or leave --config out to "
-                              "plan DDP and every preset")
-        name = args.config.removesuffix(".json") if is_preset_name(args.config) else Path(args.config).stem
-        return {name: config}
-    others = [name for name in preset_names() if name not in SETUPS and not preset_problem(name)]
-    if not others:
-        return None
-    return {**{name: None for name in SETUPS}, **{name: load_config(name) for name in others}}
+    if args.config is None:
+        configs = preset_configs()
+        for name, config in configs.items():
+            if config is not None:
+                layout_of_config(config, source=f"preset {name!r} ({preset_path(name)})")
+        if "zero3_offload" in configs:
+            _place_zero3_offload(configs["zero3_offload"], args)
+        return configs
+    placement = [flag for flag, value in (("--offload-ratio", args.offload_ratio),
+                                          ("--sub-group-size", args.sub_group_size),
+                                          ("--params-on-gpu", args.params_on_gpu or None)) if value is not None]
+    if placement:
+        raise ConfigError(f"{', '.join(placement)} set a preset's placement; with --config the config's own "
+                          "keys (offload_optimizer.ratio, sub_group_size, offload_param) say it. Fix: set them in "
+                          "the config, or drop --config")
+    config = load_config(args.config)
+    if layout_of_config(config, source=f"--config {args.config}") is None:
+        raise ConfigError(f"--config {args.config}: zero_optimization.stage is 0 or missing, so there is no ZeRO "
+                          "layout to plan. Fix: pass a ZeRO config (stage 1, 2 or 3), or leave --config out to "
+                          "plan DDP and every preset")
+    name = args.config.removesuffix(".json") if is_preset_name(args.config) else Path(args.config).stem
+    return {name: config}
+
+
+def _place_zero3_offload(config: dict, args) -> None:
+    """--offload-ratio, --sub-group-size and --params-on-gpu: the zero3_offload preset's placement keys."""
+    from ..config.dotted import set_dotted
+
+    if args.offload_ratio is not None:
+        set_dotted(config, "zero_optimization.offload_optimizer.ratio", args.offload_ratio)
+    if args.sub_group_size is not None:
+        set_dotted(config, "zero_optimization.sub_group_size", args.sub_group_size)
+    if args.params_on_gpu:
+        config["zero_optimization"].pop("offload_param", None)
 
 
 def _refuse_writing_over_inputs(args) -> None:
@@ -375,10 +391,7 @@ def run(args) -> int:
                          gradient_checkpointing=args.gradient_checkpointing, dtype=args.dtype,
                          compiled=args.torch_compile, lora_r=lora_r, lora_targets=lora_targets,
                          reference_model=args.reference_model, sequence_parallel=args.sequence_parallel,
-                         long_context=long_context,
-                         optimizer_host_share=1.0 if args.offload_ratio is None else args.offload_ratio,
-                         params_on_host=not args.params_on_gpu,
-                         sub_group=SUB_GROUP if args.sub_group_size is None else args.sub_group_size)
+                         long_context=long_context)
     _check_layout(model, run_shape)
     if lora_r:
         try:
@@ -395,7 +408,7 @@ def run(args) -> int:
             report["largest"] = {setup: found.as_dict() for setup, found in plan.largest.items()}
         print(json.dumps(report, indent=2))
     else:
-        print(render(plan))
+        print(render(plan, config_given=args.config is not None))
         if args.largest:
             print("\n" + render_largest(plan))
     if configs_dir is not None:

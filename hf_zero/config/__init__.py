@@ -1,6 +1,7 @@
 """Reading and checking DeepSpeed configs: presets, dotted keys, DeepSpeed's own parser, hf_zero's rules,
 the environment, and the one module (live) that changes a run's config."""
 
+from .accelerate_yaml import accelerate_config_text
 from .dotted import get_dotted, offload_devices, set_dotted, zero_stage
 from .findings import TRAINER_AUTO_KEYS, Finding, fill_auto
 from .json_file import parse_json, read_json_object
@@ -11,6 +12,7 @@ from .validate import check_config, validate_config
 
 __all__ = [
     "accelerate_config_path",
+    "accelerate_config_text",
     "check_config",
     "deepspeed_config_of",
     "fill_auto",

@@ -107,16 +107,20 @@ def _read_json(path: Path) -> dict:
 
 
 def accelerate_config_path(name: str) -> Path:
-    """Path of the Accelerate YAML that launches a preset (it carries the preset's JSON inline), or of a launch-only
-    YAML (``launch_config_names``)."""
+    """Path of a stored launch-only Accelerate YAML (``launch_config_names``: e.g. zero3_multinode). A preset has no
+    stored YAML: ``accelerate_config_text(name)`` writes it from the preset's JSON."""
     if name not in launch_config_names():
-        preset_path(name)
+        preset_path(name)  # an unknown name: the list of presets
+        raise ConfigError(f"the preset {name!r} has no stored Accelerate YAML: it is written from its JSON. Fix: "
+                          f"hf_zero.accelerate_config_text({name!r}), or hf-zero presets {name} --accelerate-config "
+                          f"FILE; stored YAMLs: {', '.join(launch_config_names())}")
     return _presets_dir() / "accelerate" / f"{name}.yaml"
 
 
 def launch_config_names() -> list:
-    """The Accelerate YAMLs in recipes/accelerate/ with no JSON of their own (e.g. zero3_multinode): each launches a
-    preset in another layout (several machines, sequence parallelism), by name."""
+    """The Accelerate YAMLs stored in recipes/accelerate/ (e.g. zero3_multinode): each launches a preset in another
+    layout (several machines, sequence parallelism), by name. A YAML named like a preset is not one of them: the
+    preset's YAML is always written from its JSON."""
     presets = set(preset_names())
     return sorted(p.stem for p in (_presets_dir() / "accelerate").glob("*.yaml") if p.stem not in presets)
 
@@ -129,7 +133,7 @@ def launch_config_description(name: str) -> str:
 
 
 def preset_name_of(config: dict) -> str | None:
-    """The shipped preset whose JSON is exactly ``config`` (what a shipped Accelerate YAML carries), or None."""
+    """The preset whose JSON is exactly ``config`` (what its Accelerate YAML carries), or None."""
     return next((name for name in preset_names() if _read_json(preset_path(name)) == config), None)
 
 

@@ -54,7 +54,8 @@ def parse(argv):
         defaults += ["--average_tokens_across_devices", "false"]
     launched_with_config = accelerate_deepspeed_file()
     if launched_with_config and not ft.preset and "deepspeed" not in given:
-        # accelerate launch --config_file recipes/accelerate/...: its DeepSpeed config rules (named for the report)
+        # accelerate launch --config_file YAML (hf-zero presets NAME --accelerate-config): its DeepSpeed config rules
+        # (named for the report)
         ft.preset = launched_with_config if isinstance(launched_with_config, str) else \
             preset_name_of(launched_with_config) or "the Accelerate config's DeepSpeed config"
     elif "deepspeed" not in given:

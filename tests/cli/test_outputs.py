@@ -15,7 +15,8 @@ from hf_zero.config import preset_path
 from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED_YAMLS = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
+PRESETS = sorted(path.stem for path in (REPO / "recipes").glob("*.json"))
+STORED_YAMLS = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))  # the launch-only ones
 
 
 def snapshot(folder: Path) -> dict:
@@ -137,11 +138,25 @@ def test_stdout_is_only_the_answer(tmp_path):
     assert json.loads(proc.stdout) == [], proc.stdout
 
 
-# ---- every shipped Accelerate YAML by name -------------------------------------------------------------------------
-def test_presets_lists_and_writes_every_shipped_accelerate_yaml(tmp_path, capsys):
+# ---- every preset's and every stored Accelerate YAML by name ---------------------------------------------------------
+def test_presets_lists_and_writes_every_presets_accelerate_yaml(tmp_path, capsys):
+    from accelerate.commands.config.config_args import load_config_from_file
+
     assert main(["presets"]) == 0
     listing = "\n" + capsys.readouterr().out
-    for path in SHIPPED_YAMLS:
+    for name in PRESETS:
+        assert f"\n{name} " in listing, name
+        copy = tmp_path / f"{name}.yaml"
+        assert main(["presets", name, "--accelerate-config", str(copy)]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip() == str(copy.resolve())
+        assert yaml_deepspeed_config(copy) == json.loads(preset_path(name).read_text())
+        assert load_config_from_file(str(copy)).distributed_type == "DEEPSPEED"  # Accelerate's own reader
+
+
+def test_presets_lists_and_writes_every_stored_accelerate_yaml(tmp_path, capsys):
+    assert main(["presets"]) == 0
+    listing = "\n" + capsys.readouterr().out
+    for path in STORED_YAMLS:
         name = path.stem
         assert f"\n{name} " in listing, name
         assert main(["presets", name]) == 0, capsys.readouterr().err
@@ -150,12 +165,12 @@ def test_presets_lists_and_writes_every_shipped_accelerate_yaml(tmp_path, capsys
         copy = tmp_path / f"{name}.yaml"
         assert main(["presets", name, "--accelerate-config", str(copy)]) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.strip() == str(copy.resolve())
-        # the copy is the shipped YAML: the same launch settings and the same DeepSpeed config
+        # the copy is the stored YAML: the same launch settings and the same DeepSpeed config
         assert yaml_deepspeed_config(copy) == yaml_deepspeed_config(path)
-        shipped, written = yaml.safe_load(path.read_text()), yaml.safe_load(copy.read_text())
-        shipped["deepspeed_config"].pop("deepspeed_config_file")
+        stored, written = yaml.safe_load(path.read_text()), yaml.safe_load(copy.read_text())
+        stored["deepspeed_config"].pop("deepspeed_config_file")
         written["deepspeed_config"].pop("deepspeed_config_file")
-        assert written == shipped
+        assert written == stored
 
 
 def test_an_unknown_name_names_the_accelerate_yamls_too(capsys):
@@ -164,13 +179,28 @@ def test_an_unknown_name_names_the_accelerate_yamls_too(capsys):
     assert "unknown preset 'zero9'" in err and "zero3_multinode" in err
 
 
-def test_a_path_that_cannot_be_written_is_one_message_with_a_fix(tmp_path, capsys):
-    target = tmp_path / "missing" / "zero3.yaml"
-    assert main(["presets", "zero3", "--accelerate-config", str(target)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"hf-zero presets: error: {target}: No such file or directory. Fix: check the path, or create its " \
-                  f"folder first."
-    assert "Errno" not in err and not (tmp_path / "missing").exists()
-    # the same command with the folder there writes the file
+@pytest.mark.parametrize("flag, other_flag", [("--accelerate-config", "--out"), ("--out", "--accelerate-config")])
+def test_a_path_that_cannot_be_written_is_one_message_with_a_fix_and_nothing_is_written(tmp_path, capsys, flag,
+                                                                                         other_flag):
+    target, other = tmp_path / "missing" / "zero3.yaml", tmp_path / "other.yaml"
+    assert main(["presets", "zero3", flag, str(target), other_flag, str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"hf-zero presets: error: {flag} {target}: the folder {target.parent} does not exist. Fix: create "
+                   f"it first (mkdir -p {target.parent}), or name a file in an existing folder\n")
+    # checked before anything is written: the other, good path stays unwritten too
+    assert not other.exists() and not target.parent.exists()
+    # the same command with the folder there writes both files
     target.parent.mkdir()
-    assert main(["presets", "zero3", "--accelerate-config", str(target)]) == 0 and target.is_file()
+    assert main(["presets", "zero3", flag, str(target), other_flag, str(other)]) == 0
+    assert target.is_file() and other.is_file()
+
+
+def test_a_folder_or_a_file_in_the_way_is_named_with_a_fix(tmp_path, capsys):
+    assert main(["presets", "zero3", "--accelerate-config", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"hf-zero presets: error: --accelerate-config {tmp_path} is a folder. Fix: name "
+                                       f"a file in it, e.g. {tmp_path / 'zero3.yaml'}\n")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["presets", "zero3", "--out", str(blocker / "ds.json")]) == 2
+    assert capsys.readouterr().err == (f"hf-zero presets: error: --out {blocker / 'ds.json'}: {blocker} is a file, not "
+                                       "a folder. Fix: name a path whose folders exist\n")

@@ -1,5 +1,6 @@
 """A DeepSpeed JSON dropped into recipes/ is a preset everywhere: listed, described, checked, planned from its keys,
-trainable by name; one DeepSpeed's parser rejects is listed as broken and never used."""
+written as an Accelerate YAML that Accelerate reads, trainable by name; one DeepSpeed's parser rejects is listed as
+broken and never used."""
 
 import json
 import shutil
@@ -22,7 +23,8 @@ def installed_copy(tmp_path_factory):
     """hf_zero laid out as a wheel installs it (recipes/ inside as hf_zero.recipes), with two JSONs dropped in."""
     root = tmp_path_factory.mktemp("site")
     ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "hf_zero", root / "hf_zero", ignore=ignore)
+    # "recipes": a checkout may link hf_zero/recipes to ../recipes (for an editable install); the copy below is the one
+    shutil.copytree(REPO / "hf_zero", root / "hf_zero", ignore=shutil.ignore_patterns("__pycache__", "recipes"))
     shutil.copytree(REPO / "recipes", root / "hf_zero" / "recipes", ignore=ignore)
     (root / "hf_zero" / "recipes" / "zero2_small_buckets.json").write_text(json.dumps(NEW_PRESET))
     (root / "hf_zero" / "recipes" / "broken.json").write_text(json.dumps(BROKEN))
@@ -46,7 +48,9 @@ def test_a_dropped_json_is_listed_described_and_checked_and_a_broken_one_is_list
     listed = _hf_zero(installed_copy, "presets")
     assert listed.returncode == 0, listed.stderr
     lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip() and not line.startswith(("Use", "["))}  # "[": DeepSpeed's log lines
-    assert list(lines)[:6] == ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"]
+    shipped = sorted(path.stem for path in (REPO / "recipes").glob("*.json"))
+    assert set(lines) >= {*shipped, "zero2_small_buckets", "broken"}
+    assert list(lines).index("zero2_small_buckets") >= len(shipped)  # without a DESCRIPTIONS line: after them
     assert "ZeRO-2" in lines["zero2_small_buckets"]  # described from its keys
     assert "broken:" in lines["broken"] and "reduce_bucket_size" in lines["broken"]
     assert _hf_zero(installed_copy, "presets", "zero2_small_buckets").stdout.strip().endswith("zero2_small_buckets.json")
@@ -64,6 +68,21 @@ def test_a_dropped_json_is_planned_from_its_keys(installed_copy):
     assert estimates["zero2"]["phases"]["first gradient reduce"]["buffers"] == 500_000_000 * 2
     assert estimates["zero2_small_buckets"]["phases"]["first gradient reduce"]["buffers"] == 2 * 100_000_000 * 2
     assert set(estimates) >= {"ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"}
+
+
+def test_a_dropped_json_is_written_as_an_accelerate_yaml_accelerate_reads(installed_copy, tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils.deepspeed import HfDeepSpeedConfig
+
+    path = tmp_path / "small.yaml"
+    done = _hf_zero(installed_copy, "presets", "zero2_small_buckets", "--accelerate-config", path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(path)
+    config = load_config_from_file(str(path))  # as accelerate launch --config_file reads it
+    assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero3_init_flag"] is False
+    assert HfDeepSpeedConfig(config.deepspeed_config["deepspeed_config_file"]).config == NEW_PRESET
+    refused = _hf_zero(installed_copy, "presets", "broken", "--accelerate-config", tmp_path / "broken.yaml")
+    assert refused.returncode == 2 and "is broken" in refused.stderr and not (tmp_path / "broken.yaml").exists()
 
 
 @pytest.mark.multiproc

@@ -1,4 +1,6 @@
-"""The shipped presets: valid for DeepSpeed, "auto" wherever the Trainer has a value, shipped in the wheel."""
+"""The shipped presets: valid for DeepSpeed, "auto" wherever the Trainer has a value, shipped in the wheel.
+
+Every test here finds the presets in recipes/: a JSON dropped there is tested without editing this file."""
 
 import json
 import re
@@ -11,14 +13,21 @@ import hf_zero
 from hf_zero.config import validate_config
 from hf_zero.config.dotted import get_dotted
 
-PRESETS = list(hf_zero.preset_descriptions())
+REPO = Path(__file__).resolve().parents[2]
+# read from the folder itself, not from hf_zero's listing, so that a preset the listing missed still fails here
+PRESETS = sorted(path.stem for path in (REPO / "recipes").glob("*.json"))
 TRAINER_KEYS = ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
                 "bf16.enabled", "fp16.enabled"]
-YAMLS = sorted((Path(hf_zero.accelerate_config_path("zero3")).parent).glob("*.yaml"))
+STORED_YAMLS = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))  # the launch-only ones
 
 
-def test_all_six_presets_ship():
-    assert PRESETS == ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"]
+def test_every_json_in_recipes_is_listed_described_ones_first():
+    from hf_zero.recipes import DESCRIPTIONS
+
+    assert sorted(hf_zero.preset_names()) == PRESETS
+    described = [name for name in DESCRIPTIONS if name in PRESETS]
+    assert hf_zero.preset_names()[: len(described)] == described
+    assert set(DESCRIPTIONS) <= set(PRESETS), "a DESCRIPTIONS line without its JSON in recipes/"
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -45,7 +54,8 @@ def test_buckets_are_not_hfs_tiny_auto_sizes(name):
     assert get_dotted(config, "zero_optimization.reduce_bucket_size") >= 500_000_000
 
 
-@pytest.mark.parametrize("name", [p for p in PRESETS if p.startswith("zero3")])
+@pytest.mark.parametrize("name", [p for p in PRESETS if json.loads((REPO / "recipes" / f"{p}.json").read_text())
+                                  ["zero_optimization"]["stage"] == 3])
 def test_zero3_presets_gather_16bit_weights_on_save(name):
     assert get_dotted(hf_zero.load_config(name), "zero_optimization.stage3_gather_16bit_weights_on_model_save") is True
 
@@ -59,28 +69,46 @@ def test_nvme_path_comes_from_an_override_never_hard_coded(tmp_path):
     assert get_dotted(filled, "zero_optimization.offload_optimizer.nvme_path") == str(tmp_path)
 
 
-def test_every_preset_has_its_accelerate_yaml():
-    assert {path.stem for path in YAMLS} >= set(PRESETS) and all(hf_zero.accelerate_config_path(n).exists() for n in PRESETS)
-
-
-@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.stem)
-def test_accelerate_yaml_carries_exactly_its_json(path):
-    """Each YAML holds a preset's JSON inline (it names which in its header): the same settings, key for key, read
-    as Accelerate reads them. Fix a mismatch by writing the YAML again from the JSON: hf_zero.config.accelerate_yaml.
-    inline_deepspeed_config(path.read_text(), hf_zero.load_config(name))."""
+def accelerate_reads(path: Path):
+    """(Accelerate's config, the DeepSpeed config inline in it), read as ``accelerate launch --config_file`` does."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils.deepspeed import HfDeepSpeedConfig
 
-    text = path.read_text()
-    [name] = re.findall(r"holds recipes/(\w+)\.json inline", text)
-    assert name in PRESETS and (path.stem == name or path.stem.startswith(f"{name}_"))
-    config = load_config_from_file(str(path))  # Accelerate's own reader, as accelerate launch reads the file
+    config = load_config_from_file(str(path))  # Accelerate's own reader
     assert config.distributed_type == "DEEPSPEED"
     value = config.deepspeed_config["deepspeed_config_file"]
     assert "\n" not in value  # one line: launchers pass it on as an environment variable
-    assert HfDeepSpeedConfig(value).config == json.loads(hf_zero.preset_path(name).read_text())
-    assert config.deepspeed_config["zero3_init_flag"] is name.startswith("zero3")
     assert "recipes/" not in value and ".json" not in value  # no path that only resolves from one directory
+    return config, HfDeepSpeedConfig(value).config
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_presets_accelerate_yaml_is_written_from_its_json(name, tmp_path):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(hf_zero.accelerate_config_text(name))
+    config, deepspeed_config = accelerate_reads(path)
+    assert deepspeed_config == json.loads(hf_zero.preset_path(name).read_text())
+    assert config.deepspeed_config["zero3_init_flag"] is (deepspeed_config["zero_optimization"]["stage"] == 3)
+    assert config.num_machines == 1 and config.machine_rank == 0
+
+
+def test_no_stored_yaml_shadows_a_preset():
+    """A preset's YAML is written from its JSON, never stored: a second copy would drift from it."""
+    assert not {path.stem for path in STORED_YAMLS} & set(PRESETS)
+    with pytest.raises(hf_zero.ConfigError, match="no stored Accelerate YAML.*accelerate_config_text"):
+        hf_zero.accelerate_config_path("zero3")
+
+
+@pytest.mark.parametrize("path", STORED_YAMLS, ids=lambda p: p.stem)
+def test_a_stored_accelerate_yaml_carries_exactly_the_json_it_names(path):
+    """Each launch-only YAML holds a preset's JSON inline (it names which in its header): the same settings, key for
+    key, read as Accelerate reads them. Fix a mismatch by writing the YAML again from the JSON: hf_zero.config.
+    accelerate_yaml.inline_deepspeed_config(path.read_text(), hf_zero.load_config(name))."""
+    [name] = re.findall(r"holds recipes/(\w+)\.json inline", path.read_text())
+    assert name in PRESETS and path.stem.startswith(f"{name}_")
+    config, deepspeed_config = accelerate_reads(path)
+    assert deepspeed_config == json.loads(hf_zero.preset_path(name).read_text())
+    assert config.deepspeed_config["zero3_init_flag"] is (deepspeed_config["zero_optimization"]["stage"] == 3)
 
 
 def test_preset_path_and_unknown_name():

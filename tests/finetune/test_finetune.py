@@ -7,7 +7,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from conftest import REPO, SENTENCES, free_port, launcher_script, missing, worker_env
+from conftest import REPO, SENTENCES, accelerate_config_file, free_port, launcher_script, missing, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -20,7 +20,8 @@ def finetune(args, nproc=1, expect_rc=0, timeout=900, launcher=None):
                str(nproc), "--master_port", port, str(REPO / "hf_zero" / "finetune" / "__main__.py"), *map(str, args)]
     elif launcher and launcher.startswith("accelerate:"):
         cmd = [launcher_script("accelerate"), "launch",
-               "--config_file", launcher.split(":", 1)[1], "--num_processes", str(nproc), "--main_process_port", port,
+               "--config_file", accelerate_config_file(launcher.split(":", 1)[1]), "--num_processes", str(nproc),
+               "--main_process_port", port,
                "-m", "hf_zero.finetune", *map(str, args)]
     elif nproc == 1:
         cmd = [sys.executable, "-m", "hf_zero.finetune", *map(str, args)]
@@ -124,7 +125,7 @@ def test_chat_data(tiny_models, tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
     finetune(["--model", tiny_models["llama_tok"], "--data", data, "--task", "chat", "--max_length", "32",
-              "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:recipes/accelerate/zero2.yaml")
+              "--output_dir", out, *QUICK], nproc=2, launcher="accelerate:zero2")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["zero_stage"] == 2 and summary["world_size"] == 2
     assert summary["preset"] == "zero2"  # the config the YAML carries inline, named

@@ -1,4 +1,4 @@
-"""A user's own Accelerate loop with the shipped YAMLs: hf_zero.accelerator(), hf_zero.prepare, hf_zero.save_pretrained."""
+"""A user's own Accelerate loop under the presets' YAMLs: hf_zero.accelerator(), hf_zero.prepare, save_pretrained."""
 
 import time
 
@@ -12,9 +12,9 @@ pytestmark = pytest.mark.multiproc
 LOOP_WORKER = REPO / "tests" / "workers" / "train_accelerate.py"
 
 
-def _run(tiny_models, out, yaml, *flags, expect_fail=False):
+def _run(tiny_models, out, preset, *flags, expect_fail=False):
     return run_worker(["--model", tiny_models["llama"], "--out", out, *flags], nproc=2,
-                      launcher=f"accelerate:recipes/accelerate/{yaml}.yaml", script=LOOP_WORKER, expect_fail=expect_fail)
+                      launcher=f"accelerate:{preset}", script=LOOP_WORKER, expect_fail=expect_fail)
 
 
 def test_zero3_loop_trains_partitioned_and_saves_a_model_that_reloads_bitwise(accelerate_zero3_loop):
@@ -53,7 +53,7 @@ def test_prepare_can_leave_the_offload_step_to_the_next_forward_with_the_same_bi
     # one process (the fix stays out on more): chunks of 4,096 elements split the tiny Llama's partition many times
     def run(out, *flags):
         run_worker(["--model", tiny_models["llama"], "--out", out, *flags], nproc=1,
-                   launcher="accelerate:recipes/accelerate/zero2_offload.yaml", script=LOOP_WORKER)
+                   launcher="accelerate:zero2_offload", script=LOOP_WORKER)
         return read_result(out)
 
     deepspeed_step = run(tmp_path / "deepspeed_step")

@@ -1,6 +1,8 @@
 """Accelerate's README loop (a torch optimizer or a DummyOptim, ``accelerator.prepare``, ``accelerator.backward``,
-``accelerator.get_state_dict`` + ``save_pretrained``) under every shipped Accelerate YAML, launched from a directory
-other than the checkout, on 2 CPU processes: it trains with the preset's settings in the engine and reloads bitwise."""
+``accelerator.get_state_dict`` + ``save_pretrained``) under the presets' Accelerate YAMLs (written from their JSON as
+``hf-zero presets NAME --accelerate-config FILE`` writes them) and the stored launch-only YAMLs, launched from a
+directory other than the checkout, on 2 CPU processes: it trains with the preset's settings in the engine and reloads
+bitwise."""
 
 import json
 import subprocess
@@ -23,7 +25,8 @@ def _json(preset):
 
 
 def _run(tiny_models, tmp_path, yaml, *flags):
-    """The README loop launched with ``yaml`` (an absolute path) from tmp_path/run, where no recipes/ folder is."""
+    """The README loop launched with ``yaml`` (a preset's name, or a YAML's absolute path) from tmp_path/run, where no
+    recipes/ folder is."""
     cwd, out = tmp_path / "run", tmp_path / "loop"
     cwd.mkdir(exist_ok=True)
     run_worker(["--model", tiny_models["llama"], "--out", out, *flags], nproc=2, launcher=f"accelerate:{yaml}",
@@ -55,7 +58,7 @@ def assert_trained_with_the_preset(result, preset, optimizer, *, dp=2):
 
 
 def test_readme_loop_with_torch_adamw_under_zero3_yaml_from_another_directory(tiny_models, tmp_path):
-    result, out = _run(tiny_models, tmp_path, YAMLS / "zero3.yaml")
+    result, out = _run(tiny_models, tmp_path, "zero3")
     assert_trained_with_the_preset(result, "zero3", "AdamW")
     assert_reload_bitwise(out)
 
@@ -66,7 +69,7 @@ def test_readme_loop_with_torch_adamw_under_zero3_yaml_from_another_directory(ti
                                                ("zero2_offload", "DeepSpeedCPUAdam"),
                                                ("zero3_offload", "DeepSpeedCPUAdam")])
 def test_readme_loop_with_torch_adamw_under_each_yaml(tiny_models, tmp_path, preset, optimizer):
-    result, out = _run(tiny_models, tmp_path, YAMLS / f"{preset}.yaml")
+    result, out = _run(tiny_models, tmp_path, preset)
     assert_trained_with_the_preset(result, preset, optimizer)
     assert_reload_bitwise(out)
 
@@ -94,7 +97,7 @@ def test_readme_loop_under_the_sequence_parallel_yaml_trains_on_the_whole_sequen
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, optimizer", [("zero3", "FusedAdam"), ("zero2_offload", "DeepSpeedCPUAdam")])
 def test_readme_loop_with_dummy_optim_gets_deepspeeds_adamw(tiny_models, tmp_path, preset, optimizer):
-    result, out = _run(tiny_models, tmp_path, YAMLS / f"{preset}.yaml", "--optimizer", "dummy")
+    result, out = _run(tiny_models, tmp_path, preset, "--optimizer", "dummy")
     assert_trained_with_the_preset(result, preset, optimizer)
     assert_reload_bitwise(out)
 

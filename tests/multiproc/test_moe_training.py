@@ -30,7 +30,7 @@ def expected_leaves(case: str) -> list:
 
 
 def _train(tmp_path, cases, *flags, expect_fail=False):
-    launcher = "accelerate:recipes/accelerate/zero3.yaml" if "--loop" in flags else None
+    launcher = "accelerate:zero3" if "--loop" in flags else None
     return run_worker(["--out", tmp_path, "--cases", ",".join(cases), *flags], nproc=2, script=WORKER,
                       launcher=launcher, expect_fail=expect_fail, timeout=600)
 

@@ -8,7 +8,7 @@ from conftest import REPO, assert_reload_bitwise, launcher_script, read_result, 
 from hf_zero import load_config
 from hf_zero.config.live import LEAF_THRESHOLD
 from hf_zero.distributed import free_port
-from hf_zero.config.accelerate_yaml import inline_deepspeed_config
+from hf_zero.config.accelerate_yaml import accelerate_config_text, inline_deepspeed_config
 
 pytestmark = pytest.mark.multiproc
 TRL_WORKER = REPO / "tests" / "workers" / "train_trl.py"
@@ -35,7 +35,7 @@ def _zero3_no_persistence(tmp_path):
     from hf_zero import load_config
 
     config = load_config("zero3", overrides={"zero_optimization.stage3_param_persistence_threshold": 0})
-    yaml = inline_deepspeed_config((REPO / "recipes" / "accelerate" / "zero3.yaml").read_text(), config)
+    yaml = inline_deepspeed_config(accelerate_config_text("zero3"), config)
     (tmp_path / "accelerate.yaml").write_text(yaml)
     return tmp_path / "accelerate.yaml"
 
@@ -140,7 +140,7 @@ def test_trls_own_sft_script_on_one_process_with_the_zero3_yaml_from_another_dir
     (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     out, yaml = tmp_path / "sft", tmp_path / "zero3_cpu.yaml"
     config = load_config("zero3", overrides={f"zero_optimization.{LEAF_THRESHOLD}": 0})
-    yaml.write_text(inline_deepspeed_config((REPO / "recipes" / "accelerate" / "zero3.yaml").read_text(), config))
+    yaml.write_text(inline_deepspeed_config(accelerate_config_text("zero3"), config))
     cmd = [launcher_script("accelerate"), "launch", "--num_processes", "1", "--main_process_port", str(free_port()),
            "--config_file", str(yaml), "-m", "trl.scripts.sft",
            "--model_name_or_path", str(tiny_models["llama_tok"]), "--dataset_name", str(data), "--output_dir", str(out),

@@ -1,7 +1,8 @@
 """TRL's trainers (SFT, DPO, GRPO) under every preset, launched both ways users launch them, on 2 CPU processes.
 
 Every trainer x preset x launcher runs: torchrun with ``--deepspeed PRESET`` in the arguments, and
-``accelerate launch --config_file recipes/accelerate/PRESET.yaml`` with no ``deepspeed=`` (the YAML names the JSON).
+``accelerate launch --config_file PRESET.yaml`` (written by ``hf-zero presets PRESET --accelerate-config``) with no
+``deepspeed=`` (the YAML carries the JSON).
 A run takes 11-16 s on 2 CPU cores, the 30 runs about 7 minutes (9 with other work on the machine): within what
 ``make test-long`` affords, so the full product is tested rather than a cover that runs each pair once. ZeRO-Infinity (NVMe) is left to tests that need libaio.
 
@@ -30,7 +31,7 @@ def _launch(launcher, preset):
     """The worker's --deepspeed flag and run_worker's launcher for this way of launching."""
     if launcher == "torchrun":
         return ["--deepspeed", preset], "torchrun"
-    return [], f"accelerate:{REPO / 'recipes' / 'accelerate' / f'{preset}.yaml'}"
+    return [], f"accelerate:{preset}"
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

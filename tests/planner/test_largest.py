@@ -9,9 +9,8 @@ from transformers import AutoConfig
 
 from hf_zero.model_configs import MODELS, build_config, resolve_model
 from hf_zero.cli import main
-from hf_zero.planner import (GIB, NVME_MAX_IN_CPU, NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFER_SIZE, NVME_PARAM_BUFFERS,
-                             PROCESS_HOST_BYTES, ModelShape, RunShape, estimate, largest_model, shortfall,
-                             zero3_nvme_host)
+from hf_zero.planner import (GIB, PROCESS_HOST_BYTES, ModelShape, RunShape, estimate, largest_model, run_of_config,
+                             shortfall, zero3_nvme_host)
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "zero3_nvme.json"
 RUN = RunShape(seq=1024, gradient_checkpointing=True)
@@ -22,11 +21,17 @@ def llama_1b():
     return ModelShape.from_config(build_config({"model_type": "llama", **MODELS["1.35b"]}), name="1.35b")
 
 
-def test_nvme_swap_settings_are_the_presets():
-    zero = json.loads(RECIPE.read_text())["zero_optimization"]
-    assert (NVME_PARAM_BUFFERS, NVME_PARAM_BUFFER_SIZE, NVME_MAX_IN_CPU) == (
-        zero["offload_param"]["buffer_count"], zero["offload_param"]["buffer_size"], zero["offload_param"]["max_in_cpu"])
-    assert NVME_OPTIMIZER_BUFFERS == zero["offload_optimizer"]["buffer_count"]
+def test_nvme_swap_settings_come_from_the_config(llama_1b):
+    """zero3_nvme's swap buffers are its JSON's keys: the preset's as shipped, and more host memory for more buffers."""
+    config = json.loads(RECIPE.read_text())
+    zero = config["zero_optimization"]
+    swap = run_of_config(RunShape(), config).nvme_swap
+    assert (swap.param_buffers, swap.param_buffer_size, swap.max_in_cpu, swap.optimizer_buffers) == (
+        zero["offload_param"]["buffer_count"], zero["offload_param"]["buffer_size"], zero["offload_param"]["max_in_cpu"],
+        zero["offload_optimizer"]["buffer_count"])
+    zero["offload_param"]["buffer_count"] += 2  # two more 16-bit buffers of buffer_size elements, page-locked
+    more = estimate("zero3_nvme", llama_1b, run_of_config(RunShape(), config)).host_per_node
+    assert more - estimate("zero3_nvme", llama_1b, RunShape()).host_per_node == 2 * zero["offload_param"]["buffer_size"] * 2
 
 
 def test_zero3_nvme_counts_deepspeeds_swap_buffers_and_files(llama_1b):

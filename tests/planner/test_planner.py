@@ -494,7 +494,7 @@ def test_host_memory_bounds_offloaded_activations():
 def test_offloaded_inputs_match_the_h200_pinned_peaks(monkeypatch):
     """zero2 + long context on one H200 (bf16 residual stream): pinned host peak 12.00 GiB at 131,072 tokens and
     24.00 at 262,144 (exact powers of two); at 614,400 torch 2.11 rounded each 2.34 GiB block to 4 GiB: 96.02 GiB."""
-    import hf_zero.planner as planner
+    import hf_zero.planner.host_memory as planner
 
     model = ModelShape.from_config(LLAMA_1B)
 

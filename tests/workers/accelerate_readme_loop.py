@@ -1,6 +1,7 @@
-"""Accelerate's README loop, unchanged but for the one line a CPU machine needs, launched with a shipped YAML:
+"""Accelerate's README loop, unchanged but for the one line a CPU machine needs, launched with a preset's YAML:
 
-    accelerate launch --config_file <checkout>/recipes/accelerate/zero3.yaml accelerate_readme_loop.py --model M --out O
+    accelerate launch --config_file $(hf-zero presets zero3 --accelerate-config zero3.yaml) \
+        accelerate_readme_loop.py --model M --out O
 
 Only Accelerate's documented API trains and saves. Rank 0 writes result.json (losses, the engine's optimizer and
 config) and the engine's gathered weights (expected.safetensors) next to the saved model.

@@ -1,6 +1,7 @@
-"""A user's own Accelerate loop with hf_zero, launched with a shipped Accelerate YAML:
+"""A user's own Accelerate loop with hf_zero, launched with a preset's Accelerate YAML:
 
-    accelerate launch --config_file recipes/accelerate/zero3.yaml tests/workers/train_accelerate.py --model M --out O
+    accelerate launch --config_file $(hf-zero presets zero3 --accelerate-config zero3.yaml) \
+        tests/workers/train_accelerate.py --model M --out O
 
 Rank 0 writes result.json and the engine's gathered weights (expected.safetensors) next to the saved model.
 """

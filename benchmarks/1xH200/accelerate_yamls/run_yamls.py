@@ -1,12 +1,14 @@
-"""Accelerate's README loop under every shipped Accelerate YAML on one GPU, launched from a directory other than the
-checkout: with a plain ``accelerate.Accelerator()`` (no hf_zero line) and with ``hf_zero.accelerator()``.
+"""Accelerate's README loop under every preset's Accelerate YAML and every stored launch-only YAML on one GPU,
+launched from a directory other than the checkout: with a plain ``accelerate.Accelerator()`` (no hf_zero line) and
+with ``hf_zero.accelerator()``.
 
     python benchmarks/1xH200/accelerate_yamls/run_yamls.py --out OUT
 
-Each run is ``accelerate launch --config_file recipes/accelerate/NAME.yaml --num_processes 1`` around
+Each run is ``accelerate launch --config_file NAME.yaml --num_processes 1`` (a preset's YAML as ``hf-zero presets NAME
+--accelerate-config NAME.yaml`` writes it, or recipes/accelerate/NAME.yaml for zero3_multinode and zero3_sp) around
 tests/workers/accelerate_readme_loop.py (torch AdamW, 4 steps, Accelerate's get_state_dict + save_pretrained), on a
 random 4-layer Llama (hidden 512). Afterwards every tensor ``from_pretrained`` reloads is compared bit for bit with
-the engine's gathered weights. zero3_nvme runs from a copy written by ``hf-zero presets --nvme-path``; zero3_sp needs
+the engine's gathered weights. zero3_nvme's YAML is written with ``--nvme-path``; zero3_sp needs
 2 GPUs (sp_size 2) and zero3_multinode runs as one machine of one process. Writes OUT/results.json.
 """
 
@@ -44,6 +46,21 @@ def bitwise_differences(out: Path) -> list:
             if name not in reloaded or reloaded[name].dtype != tensor.dtype or not torch.equal(reloaded[name], tensor)]
 
 
+def write_yamls(work: Path, nvme: Path) -> dict:
+    """Name -> the YAML to launch: each preset's as hf-zero presets writes it into ``work`` (zero3_nvme's with ``nvme``
+    inline), then the stored launch-only ones."""
+    from hf_zero.config.presets import accelerate_config_path, launch_config_names, preset_names
+
+    order = ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme", "zero3_multinode", "zero3_sp"]
+    yamls = {}
+    for name in sorted(preset_names(), key=lambda n: (order + [n]).index(n)):
+        yamls[name] = work / f"{name}.yaml"
+        nvme_flag = ["--nvme-path", str(nvme)] if name == "zero3_nvme" else []
+        subprocess.run([sys.executable, "-m", "hf_zero", "presets", name, *nvme_flag, "--accelerate-config",
+                        str(yamls[name])], check=True, cwd=work)
+    return yamls | {name: accelerate_config_path(name) for name in launch_config_names()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -54,22 +71,17 @@ def main():
     work = Path(tempfile.mkdtemp())  # the launches run here: no recipes/ folder beside them
     model = work / "model"
     tiny_llama(model)
-    nvme_yaml, nvme = work / "zero3_nvme.yaml", work / "nvme"
+    nvme = work / "nvme"
     nvme.mkdir()
     print("model written", flush=True)
-    subprocess.run([sys.executable, "-m", "hf_zero", "presets", "zero3_nvme", "--nvme-path", str(nvme),
-                    "--accelerate-config", str(nvme_yaml)], check=True, cwd=work)
-    print("nvme yaml written", flush=True)
+    yamls = write_yamls(work, nvme)
+    print("yamls written", flush=True)
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{os.environ.get('PYTHONPATH', '')}"}
     rows = []
-    order = ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_nvme", "zero3_multinode", "zero3_sp"]
-    yamls = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"), key=lambda y: (order + [y.stem]).index(y.stem))
-    for yaml in yamls:
-        name = yaml.stem
+    for name, config in yamls.items():
         if name == "zero3_sp":
             rows.append({"yaml": name, "not_run": "sp_size 2 needs 2 processes, one per GPU; this machine has one"})
             continue
-        config = nvme_yaml if name == "zero3_nvme" else yaml
         for door in ("plain", "hf_zero"):
             run_out = work / f"{name}-{door}"
             cmd = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "1", "--num_machines", "1",

@@ -20,7 +20,8 @@ for v in leaf0 dummy; do
     timeout 150 accelerate launch --use_deepspeed --deepspeed_config_file /tmp/z3w/z3_leaf0.json --num_processes 1 \
       --mixed_precision no $L --model /tmp/z3w/model --out /tmp/z3w/$v --plain > /tmp/z3w/$v.log 2>&1
   else
-    timeout 150 accelerate launch --config_file $REPO_ROOT/recipes/accelerate/zero3.yaml --num_processes 1 $L \
+    (cd $REPO_ROOT && python -m hf_zero presets zero3 --accelerate-config /tmp/z3w/zero3.yaml)
+    timeout 150 accelerate launch --config_file /tmp/z3w/zero3.yaml --num_processes 1 $L \
       --model /tmp/z3w/model --out /tmp/z3w/$v --optimizer dummy > /tmp/z3w/$v.log 2>&1
   fi
   echo "$v exit $?"

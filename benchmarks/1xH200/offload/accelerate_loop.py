@@ -2,8 +2,8 @@
 with zero2_offload's host step in the next forward (``hf_zero.prepare(..., offload_step_in_forward=True)``), with
 DeepSpeed's step, or without DeepSpeed (torch's fused AdamW on the GPU). Appends one JSON line to --out.
 
-    accelerate launch --config_file recipes/accelerate/zero2_offload.yaml --num_processes 1 \\
-        benchmarks/1xH200/offload/accelerate_loop.py --setting in-forward --out loop.jsonl
+    accelerate launch --config_file $(hf-zero presets zero2_offload --accelerate-config zero2_offload.yaml) \\
+        --num_processes 1 benchmarks/1xH200/offload/accelerate_loop.py --setting in-forward --out loop.jsonl
     python benchmarks/1xH200/offload/accelerate_loop.py --setting plain --out loop.jsonl
 
 tokens/s is the median over the timed optimizer steps (after --warmup of them; the first creates Adam's state, the
