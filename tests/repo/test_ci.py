@@ -45,7 +45,7 @@ def test_ci_installs_libaio_then_runs_every_suite_strictly(tmp_path):
     proc, calls = run_ci(tmp_path, installed=False, apt_ok=True)
     assert proc.returncode == 0, proc.stderr
     assert calls == ["apt-get install -y -q libaio-dev", "make test HF_ZERO_CI=1", "make test-nvme HF_ZERO_CI=1",
-                     "make test-long HF_ZERO_CI=1", "make test-floor HF_ZERO_CI=1"]
+                     "make test-long HF_ZERO_CI=1", "make test-floor HF_ZERO_CI=1", "make test-newest HF_ZERO_CI=1"]
 
 
 def test_ci_with_libaio_present_installs_nothing(tmp_path):
