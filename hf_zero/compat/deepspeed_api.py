@@ -84,6 +84,7 @@ def zenflow_zero3_unchecked(version: str | None = None) -> bool:
     installed = deepspeed_version(version)
     return installed is not None and installed > ZENFLOW_ZERO3_CHECKED
 
+
 # (module, name) pairs a DeepSpeed release pickles into its own checkpoints beyond torch's tensors and DeepSpeed's
 # optimizer classes: before 0.19, engine.py saves ``sparse_tensor_module_names`` as a set (seen in 0.16.0 and 0.18.0
 # model_states). A set is plain data; torch's weights_only unpickler builds it too.
