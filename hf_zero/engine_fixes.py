@@ -2,7 +2,8 @@
 Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop)."""
 
 import torch
-from .compat.deepspeed_api import cpu_adam_class, engine_fix_applies, is_leaf, param_coordinator, zero_optimizer_classes
+from .compat.deepspeed_api import (cpu_adam_class, engine_fix_applies, has_offload_overflow_tracker, is_leaf,
+                                   param_coordinator, zero_optimizer_classes)
 
 
 def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | None:
@@ -18,7 +19,7 @@ def offload_overflow_syncs_removed(engine, version: str | None = None) -> str | 
     gradient makes that norm invalid, and step() then treats the step as an overflow (skips it, lowers the fp16
     loss scale) exactly as the flag would have. Only the flag's test goes; every step takes the same branch."""
     optimizer = getattr(engine, "optimizer", None)  # the engine's ZeRO optimizer
-    if not (getattr(optimizer, "cpu_offload", False) and hasattr(optimizer, "update_offload_overflow_tracker")):
+    if not (getattr(optimizer, "cpu_offload", False) and has_offload_overflow_tracker(optimizer)):
         return None
     if getattr(optimizer, "zenflow", False) or not getattr(optimizer, "compute_grad_norm", False):
         return None  # ZenFlow has its own step; without the norm the flag is the only overflow test

@@ -14,7 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..compat.deepspeed_api import fp32_state_dict_from_zero_checkpoint, zero_checkpoint_tensors
+from ..compat.deepspeed_api import (fp32_state_dict_from_zero_checkpoint, materialized_zero_tensors,
+                                    zero_to_fp32_converts_dtype)
 from ..errors import CheckpointError, ConfigError
 from ..output_paths import refuse_overlaps
 from .folders import checkpoint_within, ensure_complete, find_zero_checkpoint, shape_mismatches
@@ -66,6 +67,29 @@ def _drop_aliases(state_dict: dict) -> list:
             del state_dict[name]
         seen.add(key)
     return dropped
+
+
+def zero_checkpoint_tensors(state_dict: dict, dtype: str, sizes_only: bool = False) -> dict:
+    """zero_to_fp32's lazily gathered tensors, materialized (or, ``sizes_only``, as empty tensors of their size) in
+    ``dtype`` (bf16 / fp16 / fp32); integer buffers keep their dtype, and tensors shared under two names stay one
+    tensor. DeepSpeed converts while it materializes where its release can; otherwise the same conversion happens
+    here, after DeepSpeed's own materialization."""
+    if zero_to_fp32_converts_dtype():
+        return materialized_zero_tensors(state_dict, sizes_only, dtype=dtype)
+    return _converted(materialized_zero_tensors(state_dict, sizes_only), dtype)
+
+
+def _converted(tensors: dict, dtype: str) -> dict:
+    """``tensors`` with every floating-point tensor in ``dtype``, one conversion per shared tensor."""
+    import torch
+
+    target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    converted = {}
+    for name, tensor in tensors.items():
+        if id(tensor) not in converted:
+            converted[id(tensor)] = tensor.to(target) if tensor.dtype.is_floating_point else tensor
+        tensors[name] = converted[id(tensor)]
+    return tensors
 
 
 def _write_shards(state_dict: dict, out: Path, dtype: str, max_shard_size) -> int:

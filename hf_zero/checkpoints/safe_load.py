@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from ..compat.deepspeed_api import CHECKPOINT_PLAIN_DATA, weights_only_classes
+from ..compat.hf_api import legacy_storage_class, numpy_array_reconstructor
 from ..errors import CheckpointError, UnsafeCheckpointError
 
 TRUST_HINT = "If you trust where this checkpoint came from, pass --trust-checkpoint to load it anyway."
@@ -63,7 +64,7 @@ def _torch_data_globals() -> set:
     """Storage classes and dtypes, by name: which of them a file uses depends on the training dtype."""
     import torch
 
-    legacy = getattr(torch.storage, "_LegacyStorage", torch.storage.TypedStorage)
+    legacy = legacy_storage_class()
     names = set()
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype):
@@ -82,8 +83,7 @@ def _weights_only_extras() -> list:
     """The objects torch's weights_only unpickler must additionally accept for DeepSpeed and rng files."""
     import numpy as np
 
-    np_core = getattr(np, "_core", None) or np.core
-    return [*weights_only_classes(), np_core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    return [*weights_only_classes(), numpy_array_reconstructor(), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from ..batch_counts import UNEVEN_FIX, compare_across_ranks
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..config.dotted import offload_devices
-from ..compat.deepspeed_api import param_coordinator, set_leaf, threshold_leaves
+from ..compat.deepspeed_api import param_coordinator, set_leaf
+from ..zero3.leaf_threshold import threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes

@@ -4,12 +4,14 @@
   installed versions (read from package metadata, importing nothing), and the check ``import hf_zero``
   runs;
 - ``deepspeed_api``: the DeepSpeed releases each engine fix was read against, and the WARNING a run
-  logs once when the installed DeepSpeed is outside one;
-- ``hf_api``: transformers, accelerate and torch names that moved or were renamed between releases;
+  logs once when the installed DeepSpeed is outside one; the releases a bug was fixed in; what a release writes into
+  a checkpoint or can convert; where the DeepSpeed internals hf_zero uses live;
+- ``hf_api``: transformers, accelerate, torch and numpy names that moved or were renamed between releases;
 - ``op_builds``: where DeepSpeed's compiled ops are cached (one folder per Python environment), and the line a first
   build prints.
 
-The rest of the package asks these modules instead of testing versions or attributes itself.
+The rest of the package asks these modules instead of testing versions or attributes itself
+(tests/repo/test_compat_boundary.py fails on a comparison or probe anywhere else).
 """
 
 from . import deepspeed_api, hf_api, op_builds, releases

@@ -76,6 +76,15 @@ def frozen_recompute_fails(version: str | None = None) -> bool:
 # The newest DeepSpeed in which ZenFlow's stage-3 transposition was seen to break (benchmarks/cpu/zenflow_zero3)
 ZENFLOW_ZERO3_CHECKED = Version("0.19.8")
 
+
+def zenflow_zero3_unchecked(version: str | None = None) -> bool:
+    """Whether this DeepSpeed (default: the installed one) is newer than ZENFLOW_ZERO3_CHECKED, so nobody has seen
+    whether ZenFlow's stage-3 transposition still breaks there; False for the checked releases, older ones and an
+    unknown one (no DeepSpeed installed)."""
+    installed = deepspeed_version(version)
+    return installed is not None and installed > ZENFLOW_ZERO3_CHECKED
+
+
 # (module, name) pairs a DeepSpeed release pickles into its own checkpoints beyond torch's tensors and DeepSpeed's
 # optimizer classes: before 0.19, engine.py saves ``sparse_tensor_module_names`` as a set (seen in 0.16.0 and 0.18.0
 # model_states). A set is plain data; torch's weights_only unpickler builds it too.
@@ -92,31 +101,24 @@ def weights_only_classes() -> list:
     return [LossScaler, ZeroStageEnum, fragment_address]
 
 
-def zero_checkpoint_tensors(state_dict: dict, dtype: str, sizes_only: bool = False) -> dict:
-    """zero_to_fp32's lazily gathered tensors, materialized (or, ``sizes_only``, as empty tensors of their size) in
-    ``dtype`` (bf16 / fp16 / fp32); integer buffers keep their dtype, and tensors shared under two names stay one
-    tensor. Newer DeepSpeed converts in ``to_torch_tensor(dtype=...)`` itself; before that argument existed (0.18),
-    the same conversion happens here, after DeepSpeed's own materialization."""
+def zero_to_fp32_converts_dtype() -> bool:
+    """Whether the installed DeepSpeed's zero_to_fp32 converts tensors to another dtype while it materializes them
+    (``to_torch_tensor(dtype=...)``); 0.18 has no such argument, and the caller converts afterwards."""
     import inspect
 
     from deepspeed.utils.zero_to_fp32 import to_torch_tensor
 
-    if "dtype" in inspect.signature(to_torch_tensor).parameters:
-        return to_torch_tensor(state_dict, return_empty_tensor=sizes_only, dtype=dtype)
-    return _converted(to_torch_tensor(state_dict, return_empty_tensor=sizes_only), dtype)
+    return "dtype" in inspect.signature(to_torch_tensor).parameters
 
 
-def _converted(tensors: dict, dtype: str) -> dict:
-    """``tensors`` with every floating-point tensor in ``dtype``, one conversion per shared tensor."""
-    import torch
+def materialized_zero_tensors(state_dict: dict, sizes_only: bool = False, dtype: str | None = None) -> dict:
+    """zero_to_fp32's lazily gathered tensors, materialized (or, ``sizes_only``, as empty tensors of their size);
+    with ``dtype`` (bf16 / fp16 / fp32, only where zero_to_fp32_converts_dtype()), converted by DeepSpeed itself."""
+    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
 
-    target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    converted = {}
-    for name, tensor in tensors.items():
-        if id(tensor) not in converted:
-            converted[id(tensor)] = tensor.to(target) if tensor.dtype.is_floating_point else tensor
-        tensors[name] = converted[id(tensor)]
-    return tensors
+    if dtype is None:
+        return to_torch_tensor(state_dict, return_empty_tensor=sizes_only)
+    return to_torch_tensor(state_dict, return_empty_tensor=sizes_only, dtype=dtype)
 
 
 # ---- DeepSpeed internals hf_zero reaches for, by the path every supported release (0.18.0 to 0.19.x) keeps them at
@@ -126,6 +128,12 @@ def zero_optimizer_classes() -> tuple:
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     return DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3
+
+
+def has_offload_overflow_tracker(optimizer) -> bool:
+    """Whether ``optimizer`` tests each offloaded gradient for inf/NaN on the host as it leaves the GPU (ZeRO-1/2's
+    ``update_offload_overflow_tracker``, the method the offload-overflow-test fix replaces)."""
+    return hasattr(optimizer, "update_offload_overflow_tracker")
 
 
 def cpu_adam_class():
@@ -176,65 +184,6 @@ def set_leaf(module) -> None:
     from deepspeed.utils import set_z3_leaf_module
 
     set_z3_leaf_module(module, True)
-
-
-# DeepSpeed 0.19.8's stage3_module_granularity_threshold (runtime/zero/parameter_offload.py): a module's granularity is
-# its parameters over its "layers" (each module with parameters, containers not counted), none above 1e9 parameters;
-# modules at or under the threshold become ZeRO-3 leaves, parents first.
-LEAF_SIZE_CAP = 1e9
-
-
-def module_granularities(model, numel) -> dict:
-    """{module: (layers, parameters, granularity)} for ``model`` and every module in it, as DeepSpeed's threshold rule
-    counts them; ``numel(param)`` gives a parameter's full size (a ZeRO-3 partition's too). The granularity is None
-    where DeepSpeed never makes a leaf."""
-    import torch
-
-    found = {}
-
-    def measure(module):
-        if not any(True for _ in module.parameters()):
-            found[module] = (0, 0, None)
-            return found[module]
-        own = sum(numel(p) for p in module.parameters(recurse=False))
-        children = list(module.children())
-        if not children:
-            found[module] = (1, own, None)
-            return found[module]
-        layers, params = 0, own
-        for child in children:
-            child_layers, child_params, _ = measure(child)
-            layers, params = layers + child_layers, params + child_params
-        if type(module).__name__ in torch.nn.modules.container.__all__:
-            found[module] = (layers, params, None)
-        else:
-            layers += 1
-            found[module] = (layers, params, params // layers if params <= LEAF_SIZE_CAP else None)
-        return found[module]
-
-    measure(model)
-    return found
-
-
-def threshold_leaves(model, threshold: int, numel, eligible=None) -> list:
-    """[(qualified name, module)] that a stage3_module_granularity_threshold of ``threshold`` makes ZeRO-3 leaves, the
-    topmost first; "" names the model itself. With ``eligible``, a module it refuses is passed over as if its
-    granularity were above the threshold: the rule goes on into its children."""
-    granularity = module_granularities(model, numel)
-    leaves = []
-
-    def visit(name, module):
-        measured = granularity[module][2]
-        if granularity[module][1] == 0:
-            return
-        if measured is not None and measured <= threshold and (eligible is None or eligible(module)):
-            leaves.append((name, module))
-            return
-        for child_name, child in module.named_children():
-            visit(f"{name}.{child_name}" if name else child_name, child)
-
-    visit("", model)
-    return leaves
 
 
 def param_coordinator(engine):

@@ -1,4 +1,4 @@
-"""transformers, accelerate and torch names that differ between the supported releases. Each function takes the
+"""transformers, accelerate, torch and numpy names that differ between the supported releases. Each function takes the
 newest spelling when the installed release has it, so nothing here calls a name the newest release deprecates."""
 
 
@@ -115,12 +115,29 @@ def set_allocator_settings(settings: str) -> None:
     setter(settings)
 
 
+def legacy_storage_class():
+    """The base of torch's typed storage classes (FloatStorage, BFloat16Storage, ...): ``_LegacyStorage`` in torch 2,
+    TypedStorage in a release without it."""
+    import torch
+
+    return getattr(torch.storage, "_LegacyStorage", torch.storage.TypedStorage)
+
+
 def default_store():
     """The store behind the default process group (torch.distributed keeps it private; present in every torch 2.x),
     for small host-side exchanges beside the training collectives."""
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
+
+
+# ---- numpy ----------------------------------------------------------------------------------------------------------
+def numpy_array_reconstructor():
+    """The function a pickled numpy array is rebuilt with (``multiarray._reconstruct``): numpy 2 moved ``numpy.core``
+    to ``numpy._core``; torch runs with either."""
+    import numpy as np
+
+    return (getattr(np, "_core", None) or np.core).multiarray._reconstruct
 
 
 # ---- transformers: the loss under Ulysses sequence parallelism -------------------------------------------------------

@@ -8,9 +8,7 @@ import copy
 import os
 from dataclasses import dataclass, field
 
-from packaging.version import Version
-
-from ..compat.deepspeed_api import ZENFLOW_ZERO3_CHECKED
+from ..compat.deepspeed_api import ZENFLOW_ZERO3_CHECKED, zenflow_zero3_unchecked
 from ..compat.releases import deepspeed_version
 from .dotted import (accumulates_in_fp32, get_dotted, half_precision, optimizer_host_share, optimizer_on_host,
                      params_on_host, tensor_parallel_size)
@@ -36,10 +34,6 @@ class CheckContext:
     trainer_args: dict = field(default_factory=dict)
     sequence_parallel: int = 1
     deepspeed_version: str | None = None  # None: the installed one (tests pass others)
-
-    @property
-    def deepspeed(self) -> Version | None:
-        return deepspeed_version(self.deepspeed_version)
 
     @property
     def data_parallel_size(self) -> int:
@@ -285,11 +279,11 @@ def _zenflow(context):
                              f"set zenflow.update_interval to {accumulation}, or gradient_accumulation_steps to "
                              f"{update}."))
     if context.zero.get("stage") == 3:
-        found.append(_zenflow_zero3(context.deepspeed))
+        found.append(_zenflow_zero3(context.deepspeed_version))
     return found
 
 
-def _zenflow_zero3(deepspeed: Version | None) -> Finding:
+def _zenflow_zero3(version: str | None) -> Finding:
     """ZenFlow's stage-3 optimizer transposes every matrix in place when the engine starts and its fetch hooks
     transpose each gathered one back. A model built under zero.Init (what the Trainer does for any ZeRO-3 config)
     is partitioned already, so the first transposition never happens and the forward reads a transposed
@@ -298,7 +292,8 @@ def _zenflow_zero3(deepspeed: Version | None) -> Finding:
                "reads a transposed embedding (IndexError on CPU, a CUDA device-side assert on GPUs), and without "
                "zero.Init the 16-bit save writes every weight matrix transposed")
     fix = "use ZenFlow with stage 2 (zero2_offload), or leave the zenflow block out."
-    if deepspeed is None or deepspeed <= ZENFLOW_ZERO3_CHECKED:
+    deepspeed = deepspeed_version(version)
+    if not zenflow_zero3_unchecked(version):
         return Finding("zenflow-zero3", "error", f"{problem} (DeepSpeed {deepspeed or 'unknown'}).", fix)
     return Finding("zenflow-zero3", "warning",
                    f"{problem} in DeepSpeed {ZENFLOW_ZERO3_CHECKED}; DeepSpeed {deepspeed} is newer and unchecked: "

@@ -6,8 +6,7 @@ here, and ZeroCallback reads hf_zero.checks."""
 
 import importlib
 
-from .gradient_checkpointing import (default_checkpointing_kwargs, gradient_checkpointing_kwargs, gradient_checkpointing_on,
-                                     peft_recompute_problems)
+from .gradient_checkpointing import default_checkpointing_kwargs, peft_recompute_problems
 from .memory import all_ranks_memory, local_memory
 from .padding import GPU_PAD_MULTIPLE, padding_advice
 from .peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
@@ -24,8 +23,6 @@ __all__ = [
     "attach",
     "default_checkpointing_kwargs",
     "GPU_PAD_MULTIPLE",
-    "gradient_checkpointing_kwargs",
-    "gradient_checkpointing_on",
     "local_memory",
     "no_leaf_modules_with_frozen_weights",
     "padding_advice",

@@ -13,6 +13,7 @@ host-side all_gather per module with parameters, per forward, for the first step
 "whole_run") one exchange at each forward's start and end, carrying a hash of the forward's module order.
 """
 
+from ..compat.deepspeed_api import is_leaf
 from ..distributed import host_group, is_distributed, simulated_ranks
 from ..errors import RanksDivergedError
 
@@ -49,13 +50,11 @@ def fetching_modules(model) -> list:
     by DeepSpeed). Containers count too: a forward that reads a child's weight directly (Qwen2-VL's patch embedding
     reads its convolution's dtype) makes DeepSpeed gather it before the child's own hook, and the container's check
     comes first."""
-    from deepspeed.utils import z3_leaf_module
-
     found, inside_leaf = [], set()
     for index, (_, module) in enumerate(model.named_modules()):
         if index == 0 or id(module) in inside_leaf:
             continue  # the root: the start-of-forward check stands for it
-        if z3_leaf_module(module):
+        if is_leaf(module):
             inside_leaf.update(id(m) for m in module.modules())
             found.append((index, module))
         elif any(True for _ in module.parameters()):

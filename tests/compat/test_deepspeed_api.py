@@ -1,5 +1,5 @@
-"""What hf_zero knows about DeepSpeed releases: the engine fixes' windows and their WARNING, checkpoint contents,
-and zero_to_fp32's materialization in another dtype."""
+"""What hf_zero knows about DeepSpeed releases: the engine fixes' windows and their WARNING, the releases a bug was
+fixed in, and checkpoint contents."""
 
 import logging
 
@@ -77,50 +77,12 @@ def test_a_set_passes_the_checkpoint_scan_and_code_does_not(tmp_path):
     assert disallowed_globals(tmp_path / "b.pt") == ["builtins.print"]
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_conversion_after_materializing_matches_deepspeeds_own(dtype):
-    """The path for DeepSpeed releases whose to_torch_tensor has no dtype gives what newer ones give themselves."""
-    import inspect
-
-    import torch
-    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
-
-    if "dtype" not in inspect.signature(to_torch_tensor).parameters:
-        pytest.skip("this DeepSpeed converts only after materializing (the path under test is the one it takes)")
-    shared = torch.randn(4, 3)
-    state = {"a": shared, "tied": shared, "b": torch.randn(5), "index": torch.arange(3)}
-    ours = deepspeed_api._converted(to_torch_tensor(dict(state)), dtype)
-    theirs = to_torch_tensor(dict(state), dtype=dtype)
-    assert ours.keys() == theirs.keys()
-    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)
-    assert ours["a"] is ours["tied"] and ours["index"].dtype == torch.int64
+def test_zenflow_zero3_is_unchecked_only_above_the_release_it_was_seen_to_break_in():
+    assert not deepspeed_api.zenflow_zero3_unchecked("0.19.8") and not deepspeed_api.zenflow_zero3_unchecked("0.18.0")
+    assert deepspeed_api.zenflow_zero3_unchecked("0.19.9") and deepspeed_api.zenflow_zero3_unchecked("0.20.0")
 
 
-def test_threshold_leaves_are_the_modules_deepspeeds_own_rule_marks(monkeypatch):
-    """The mirror of stage3_module_granularity_threshold against DeepSpeed's own marking code (the installed
-    release's), at every threshold that changes which modules of a tiny Qwen2-VL become leaves."""
-    import sys
-
-    from deepspeed.runtime.zero import parameter_offload
-    from deepspeed.utils import unset_z3_leaf_modules
-
-    from tiny_vlm import build
-
-    monkeypatch.setattr(parameter_offload, "print_rank_0", lambda *a, **k: None)  # asks for a process group
-
-    model = build("qwen2_vl")
-    for p in model.parameters():
-        p.ds_numel = p.numel()  # what DeepSpeed's rule reads; set on a ZeRO-3 parameter
-    measured = {g for _, _, g in deepspeed_api.module_granularities(model, lambda p: p.numel()).values() if g}
-    thresholds = sorted({0} | measured | {g - 1 for g in measured})
-    assert len(thresholds) > 8
-    for threshold in thresholds:
-        unset_z3_leaf_modules(model, list({type(m) for m in model.modules()}))
-        # DeepSpeed's engine runs this at its start; only the marking part of it, without an engine
-        marker = object.__new__(parameter_offload.DeepSpeedZeRoOffload)
-        marker.min_granularity_value, marker.min_granularity_layer = sys.maxsize, None
-        marker.granularity_info, marker.z3_leaf_layers = set(), []
-        marker._set_z3_leaf_modules_by_threshold(model, threshold)
-        marked = [name for name, m in model.named_modules() if deepspeed_api.is_leaf(m)]
-        predicted = [name for name, _ in deepspeed_api.threshold_leaves(model, threshold, lambda p: p.numel())]
-        assert marked == predicted, threshold
+def test_only_the_zero12_optimizer_has_the_offload_overflow_tracker():
+    stage12, stage3 = deepspeed_api.zero_optimizer_classes()
+    assert deepspeed_api.has_offload_overflow_tracker(stage12)
+    assert not deepspeed_api.has_offload_overflow_tracker(stage3)

@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, Trainer
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
-from hf_zero.compat.hf_api import checkpointing_arg_name
+from hf_zero.compat.hf_api import checkpointing_arg_name, checkpointing_kwargs
 from hf_zero.config.live import deepspeed_config_of
-from hf_zero.trainer import default_checkpointing_kwargs, gradient_checkpointing_kwargs, peft_recompute_problems
+from hf_zero.trainer import default_checkpointing_kwargs, peft_recompute_problems
 from scenario_runner import main, reset_accelerate
 
 
@@ -94,7 +94,7 @@ def scenarios(model_path: str, out: Path):
         return {f"{name}_kwargs": kwargs}
 
     def reentrant(trainer):
-        return {"use_reentrant": (gradient_checkpointing_kwargs(trainer.args) or {}).get("use_reentrant")}
+        return {"use_reentrant": (checkpointing_kwargs(trainer.args) or {}).get("use_reentrant")}
 
     def recompute_problems(trainer):  # the same real args and model, judged as two DeepSpeed releases would run them
         return {version: peft_recompute_problems(trainer.model, trainer.args, version) for version in ("0.19.2", "0.19.3")}
