@@ -3,8 +3,8 @@ each check with an id, a moment, a severity and a way to turn it off (docs/run-c
 
 from .catalog import CHECK_IDS, CHECKS
 from .context import DOORS, RunContext
-from .options import check_options, option_problems
+from .options import ZeroOptions, check_options, option_problems
 from .pipeline import MOMENT_MEANING, MOMENTS, Check, raise_errors, run_moment, skip_problem
 
 __all__ = ["Check", "CHECK_IDS", "CHECKS", "check_options", "DOORS", "MOMENT_MEANING", "MOMENTS", "option_problems", "raise_errors", "run_moment",
-           "RunContext", "skip_problem"]
+           "RunContext", "skip_problem", "ZeroOptions"]

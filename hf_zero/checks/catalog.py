@@ -57,7 +57,7 @@ def gpu_only_settings(run) -> list:
 
 def save_gathers_weights(run) -> list:
     """Under ZeRO-3, saves gather 16-bit weights, so every saved model reloads with from_pretrained."""
-    if not run.options.get("force_gather_on_save", True):
+    if not run.options.force_gather_on_save:
         if run.stage == 3 and not run.config["zero_optimization"].get(GATHER_ON_SAVE, False):
             return [f"stage 3 with {GATHER_ON_SAVE} off: every saved model would be ZeRO shards that from_pretrained "
                     "cannot load. Fix: set it to true in the config."]
@@ -97,7 +97,7 @@ def host_memory(run) -> list:
 def offload_threads(run) -> list:
     """With the optimizer on the host, torch's CPU threads (DeepSpeed's CPU Adam runs on them) get this process's
     share of the node's cores where a launcher left one."""
-    note = threads_for_offload(run.config, run.options.get("offload_threads", AUTO))
+    note = threads_for_offload(run.config, run.options.offload_threads)
     return [note] if note else []
 
 
@@ -156,7 +156,7 @@ def _examples(leaves, shown=2) -> str:
 def adapter_dtype(run) -> list:
     """Under ZeRO-3, a 16-bit frozen base's fp32 adapters train in its dtype, as ZeRO-1/2 train them."""
     dtype = run.half_dtype
-    if not _frozen(run) or dtype is None or not run.options.get("cast_adapters", True):
+    if not _frozen(run) or dtype is None or not run.options.cast_adapters:
         return []
     note = adapters_to_training_dtype(run.model, dtype)
     return [note] if note else []
@@ -182,7 +182,7 @@ def compile_blocks(run) -> list:
 def moe_leaves(run) -> list:
     """Under ZeRO-3, mixture-of-experts blocks whose ranks can route to different experts become leaves (it says
     what it made itself, once, on rank 0)."""
-    make_moe_leaves(run.model, run.config, run.options.get("moe_leaves", "auto"))
+    make_moe_leaves(run.model, run.config, run.options.moe_leaves)
     return []
 
 
@@ -252,11 +252,11 @@ def cache_off_while_checkpointing(run) -> list:
 
 def offload_step_fixes(run) -> list:
     """hf_zero.engine_fixes on the engine: the offload step's host work, copies and overflow test."""
-    if not run.options.get("overlap_offload_copies", True):
+    if not run.options.overlap_offload_copies:
         run.kept["engine_fixes"] = []
         return []
-    in_forward = run.options.get("offload_step_in_forward", False) and not run.compiled  # compile would trace its hooks
-    notes = offload_fixes_applied(run.engine, in_forward, run.options.get("offload_step_chunk"))
+    in_forward = run.options.offload_step_in_forward and not run.compiled  # compile would trace its hooks
+    notes = offload_fixes_applied(run.engine, in_forward, run.options.offload_step_chunk)
     run.kept["engine_fixes"] = notes
     return notes
 
@@ -300,7 +300,7 @@ def even_batches(run) -> list:
 def divergence_watch(run) -> list:
     """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
     diverge stop with the modules named instead of hanging)."""
-    watch = watch_fetch_order(run.engine, run.options.get("divergence_check", "whole_run"))
+    watch = watch_fetch_order(run.engine, run.options.divergence_check)
     if watch is not None and run.kept.get("uneven_batches"):
         watch.cause = f"The likely cause: {run.kept['uneven_batches']}. {UNEVEN_FIX}"
     run.kept["fetch_watch"] = watch
@@ -315,7 +315,7 @@ def generation_in_step(run) -> list:
 
 def vision_in_step(run) -> list:
     """Under ZeRO-3 on several ranks, ranks without images run a vision-language model's vision tower on a dummy."""
-    run.kept["vision_in_step"] = keep_vision_in_step(run.engine, run.options.get("vision_in_step", "keep"))
+    run.kept["vision_in_step"] = keep_vision_in_step(run.engine, run.options.vision_in_step)
     return []
 
 

@@ -9,20 +9,22 @@ from ..config.dotted import half_precision, zero_stage
 from ..distributed import has_gpu, is_main_process, world_size
 from ..engine_checks import parallel_sizes
 from ..sequence_parallel import active_parallelism_config
+from .options import DOOR_CALLS, ZeroOptions
 
 logger = logging.getLogger("hf_zero")
 
-DOORS = ("trainer", "accelerate")
+DOORS = tuple(DOOR_CALLS)
 
 
 @dataclass
 class RunContext:
     """One run as the checks see it. ``config`` is the live DeepSpeed config the engine will be built from (fixes
-    change it in place); ``options`` are the door's options (ZeroCallback's or prepare's keyword arguments)."""
+    change it in place); ``options`` are the door's ZeroOptions (ZeroCallback's or prepare's keyword arguments; the
+    door's defaults when none are given)."""
 
     door: str
     config: dict
-    options: dict = field(default_factory=dict)
+    options: ZeroOptions | None = None
     skip: frozenset = frozenset()
     model: object = None
     args: object = None  # TrainingArguments (the Trainer door)
@@ -40,6 +42,8 @@ class RunContext:
 
     def __post_init__(self):
         self.stage = zero_stage(self.config)
+        if self.options is None:
+            self.options = ZeroOptions.for_door(self.door, {})
 
     def say(self, message: str, severity: str) -> None:
         if severity == "warning":

@@ -65,6 +65,8 @@ def skip_problem(skip, known) -> str | None:
     """Why ``skip`` (ids given to skip_checks) cannot be used, or None."""
     if isinstance(skip, str):
         return (f"skip_checks={skip!r} is one string; it takes a list of check ids. Fix: skip_checks=[{skip!r}]")
+    if not isinstance(skip, (list, tuple, set, frozenset)) or not all(isinstance(i, str) for i in skip):
+        return f"skip_checks takes a list of check ids, got {skip!r}. Fix: skip_checks=['host-memory'], for example"
     unknown = sorted(set(skip) - set(known))
     if unknown:
         return (f"skip_checks names {unknown}, which are not check ids. Fix: use ids from hf_zero's docs, checks.md: "
