@@ -8,8 +8,10 @@ for every id); docs/run-checks.md lists it.
 import os
 
 from ..batch_counts import UNEVEN_FIX, compare_across_ranks
+from ..batch_padding import padding_advice
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
+from ..compat.hf_api import set_checkpointing_kwargs
 from ..config.dotted import offload_devices
 from ..compat.deepspeed_api import param_coordinator, set_leaf, threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
@@ -17,20 +19,18 @@ from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
 from ..engine_checks import engine_problems, layout_problems, training_alone
 from ..engine_fixes import leaf_release_after_compute, offload_fixes_applied
-from ..offload_threads import AUTO, threads_for_offload
+from ..offload_fit import host_memory_problem_of
+from ..offload_threads import threads_for_offload
 from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
                                  loss_over_sequence_shards, sequence_parallel_problems)
-from ..trainer.gradient_checkpointing import (default_checkpointing_kwargs, recompute_problems,
-                                              set_gradient_checkpointing_kwargs)
-from ..trainer.memory import host_memory_problem_of
-from ..trainer.padding import padding_advice
-from ..trainer.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
 from ..zero3.leaves import leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
+from ..zero3.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+from ..zero3.recompute import default_checkpointing_kwargs, recompute_problems
 from .pipeline import Check, Line, warning
 
 
@@ -173,7 +173,7 @@ def compile_blocks(run) -> list:
     """Under ZeRO-3 with torch.compile, each repeated block's forward compiles and DeepSpeed's hooks stay eager."""
     if run.stage != 3 or run.accelerator is None:
         return []
-    from ..trainer.compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for ZeRO-3 runs
+    from ..zero3.compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for ZeRO-3 runs
 
     note = take_over_zero3_compile(run.accelerator, run.model, run.config)
     return [note] if note else []
@@ -208,7 +208,7 @@ def checkpointing_kwargs(run) -> list:
     same bits on DeepSpeed 0.19.8 (tests/multiproc/test_reentrant_checkpointing.py). A loop's model was turned on
     with its kwargs already."""
     if run.args is not None and run.checkpointing and run.checkpointing_kwargs is None:
-        set_gradient_checkpointing_kwargs(run.args, default_checkpointing_kwargs(run.model, run.args))
+        set_checkpointing_kwargs(run.args, default_checkpointing_kwargs(run.model, run.args))
     return []
 
 

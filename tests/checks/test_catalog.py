@@ -71,8 +71,8 @@ COVERAGE = {
                         "checks/test_doors.py::"
                         "test_prepare_stops_non_reentrant_lora_checkpointing_only_before_the_deepspeed_fix"],
                        ["trainer/test_callback.py::test_quiet_about_recompute_with_reentrant_lora_or_full_fine_tuning"]),
-    "batch-padding": (["trainer/test_padding.py::test_advice_fires_for_padding_to_the_longest_sample_on_a_gpu"],
-                      ["trainer/test_padding.py::"
+    "batch-padding": (["test_batch_padding.py::test_advice_fires_for_padding_to_the_longest_sample_on_a_gpu"],
+                      ["test_batch_padding.py::"
                        "test_advice_is_quiet_where_padding_is_already_right_or_alignment_buys_nothing"]),
     "engine-drives": (["trainer/test_callback.py::test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp",
                        "trainer/test_callback.py::test_fires_when_stage3_is_configured_but_the_engine_did_not_partition"],

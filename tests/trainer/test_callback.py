@@ -177,7 +177,7 @@ def test_quiet_compile_below_stage3(trained):
 def test_compile_finds_the_outermost_repeated_blocks_only():
     import torch
 
-    from hf_zero.trainer.compile import repeated_blocks
+    from hf_zero.zero3.compile import repeated_blocks
 
     class Block(torch.nn.Module):  # an MoE-like block: its experts are a repeated list too
         def __init__(self):

@@ -15,7 +15,7 @@ import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails 
 import hf_zero
 from hf_zero.accelerate_loop import run_of
 from hf_zero.compat.hf_api import enable_model_checkpointing
-from hf_zero.trainer.gradient_checkpointing import recompute_problems
+from hf_zero.zero3.recompute import recompute_problems
 from scenario_runner import main, reset_accelerate
 
 
