@@ -36,7 +36,8 @@ class RunContext:
     checkpoint: bool = False  # the save moment: a Trainer checkpoint (training state beside the model)
     compiled: bool = False  # the user asked torch.compile for the model
     warnings: list = field(default_factory=list)  # what the checks said at WARNING, in order
-    ran: list = field(default_factory=list)  # (moment, check id, "fired" / "quiet" / "skipped")
+    # (moment, id, "fired" / "quiet" for a check, "ran" for a fix or a guard, "skipped")
+    ran: list = field(default_factory=list)
     kept: dict = field(default_factory=dict)  # what a check leaves for the door (a watch to remove, fixes applied)
     stage: int | None = None  # the ZeRO stage the config asks for when the run is first checked
 

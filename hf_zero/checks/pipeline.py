@@ -1,9 +1,11 @@
 """The check pipeline both front doors run: ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop).
 
-A check is one function of a RunContext with an id, the moment it needs, a severity and a documented way to turn it
-off. It returns lines: each a problem (at the check's severity) or a Finding with its own. Some checks also fix what
-they find (the live config the engine is built from, the model before the engine wraps it) and say so. Every check
-of a moment runs, and every error is collected, before the door raises them together (one ConfigError listing all).
+An entry is one function of a RunContext with an id, the moment it needs, a severity, a kind and a documented way to
+turn it off. Its kind says what it does: a "check" returns lines, each a problem (at the entry's severity) or a Finding
+with its own, and may fix what it finds (the live config the engine is built from, the model before the engine wraps
+it) and say so; a "fix" changes the run where it needs it and returns nothing; a "guard" installs a watch that stops
+the run later, when it sees its problem. Every entry of a moment runs, and every error is collected, before the door
+raises them together (one ConfigError listing all).
 """
 
 import logging
@@ -23,11 +25,12 @@ MOMENT_MEANING = {
     "save": "a saved folder, before it replaces anything",
 }
 SEVERITIES = ("error", "warning", "info")
+KINDS = ("check", "fix", "guard")
 
 
 @dataclass(frozen=True)
 class Check:
-    """One check: ``run(context)`` returns its lines ([] when quiet)."""
+    """One entry of the list: ``run(context)`` returns its lines ([] when quiet; always [] for a fix or a guard)."""
 
     id: str
     moment: str
@@ -36,10 +39,11 @@ class Check:
     summary: str  # what it checks or fixes, one line for docs/run-checks.md
     off: str = ""  # the option that turns it off where one exists; every check also goes with skip_checks=[id]
     gate: bool = False  # its errors stop the moment before later checks read what it refused
+    kind: str = "check"  # "check", "fix" (changes the run, finds nothing) or "guard" (a watch that stops it later)
 
     def __post_init__(self):
-        if self.moment not in MOMENTS or self.severity not in SEVERITIES:
-            raise ValueError(f"check {self.id}: moment {self.moment!r}, severity {self.severity!r}")
+        if self.moment not in MOMENTS or self.severity not in SEVERITIES or self.kind not in KINDS:
+            raise ValueError(f"check {self.id}: moment {self.moment!r}, severity {self.severity!r}, kind {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def run_moment(checks, moment: str, context) -> list:
             context.ran.append((moment, check.id, "skipped"))
             continue
         lines = check.run(context) or []
-        context.ran.append((moment, check.id, "fired" if lines else "quiet"))
+        context.ran.append((moment, check.id, ("fired" if lines else "quiet") if check.kind == "check" else "ran"))
         for line in lines:
             severity = severity_of(line, check)
             if severity == "error":

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import REPO
-from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options
+from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options, run_moment
 from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, model_leaves,
                                     sequence_parallel_loss)
 from hf_zero.compat.hf_api import enable_model_checkpointing
@@ -141,7 +141,7 @@ def test_the_docs_list_every_check_with_its_moment_and_off_switch():
     rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
     assert sorted(rows) == sorted(CHECK_IDS)
     for check in CHECKS:
-        assert f"| {check.moment} |" in rows[check.id] and f"| {check.severity} |" in rows[check.id], check.id
+        assert f"| {check.moment} | {check.severity} | {check.kind} |" in rows[check.id], check.id
 
 
 def _tiny_model():
@@ -264,3 +264,13 @@ def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(model) == []
     stage2 = {"zero_optimization": {"stage": 2}}
     assert model_leaves(RunContext("trainer", stage2, model=_tiny_model())) == []
+
+
+def test_a_fix_or_a_guard_is_reported_as_ran_never_as_a_check_that_passed():
+    assert {c.kind for c in CHECKS} == {"check", "fix", "guard"}
+    fixes = [c.id for c in CHECKS if c.kind != "check"]
+    assert "cache-off-while-checkpointing" in fixes and "divergence-watch" in fixes
+    model = _tiny_model()
+    run = RunContext("accelerate", {"zero_optimization": {"stage": 2}}, model=model, engine=model)
+    run_moment([c for c in CHECKS if c.id in ("cache-off-while-checkpointing", "leaf-release")], "engine", run)
+    assert run.ran == [("engine", "cache-off-while-checkpointing", "ran"), ("engine", "leaf-release", "quiet")]
