@@ -13,6 +13,7 @@ from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
 from ..compat.hf_api import set_checkpointing_kwargs
 from ..config.dotted import offload_devices
+from ..config.findings import FINDING_CODES
 from ..compat.deepspeed_api import param_coordinator, set_leaf, threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
@@ -31,7 +32,7 @@ from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
 from ..zero3.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 from ..zero3.recompute import default_checkpointing_kwargs, recompute_problems
-from .pipeline import Check, Line, warning
+from .pipeline import Check, Line, skip_ids, warning
 
 
 # ---- config: the launch and the live DeepSpeed config ------------------------------------------------------------
@@ -334,7 +335,7 @@ CHECKS = (
     Check("world-size", "config", "error", world_size_matches, "the door's world size is the launched one", gate=True),
     Check("gpu-only-settings", "config", "warning", gpu_only_settings, "on CPU, drops settings that work only on GPUs"),
     Check("deepspeed-config", "config", "error", deepspeed_config, "DeepSpeed's parser and hf_zero's config rules",
-          gate=True),
+          gate=True, parts=FINDING_CODES),
     Check("save-gathers-weights", "config", "error", save_gathers_weights,
           "ZeRO-3 saves gather 16-bit weights (turned on and said; refused when forcing is off)",
           off="force_gather_on_save=False refuses instead of turning it on"),
@@ -395,3 +396,4 @@ CHECKS = (
 )
 
 CHECK_IDS = tuple(c.id for c in CHECKS)
+SKIP_IDS = skip_ids(CHECKS)  # the check ids and their parts' (deepspeed-config/<code>)

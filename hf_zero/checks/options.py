@@ -14,7 +14,7 @@ from ..offload_threads import AUTO
 from ..zero3.divergence import divergence_check_problem
 from ..zero3.modalities import vision_in_step_problem
 from ..zero3.moe import moe_leaves_problem
-from .catalog import CHECK_IDS
+from .catalog import SKIP_IDS
 from .pipeline import skip_problem
 
 # door -> the call users make, for messages
@@ -112,7 +112,7 @@ _VALUE_PROBLEMS = {
     "divergence_check": lambda _, value: divergence_check_problem(value),
     "vision_in_step": lambda _, value: vision_in_step_problem(value),
     "moe_leaves": lambda _, value: moe_leaves_problem(value),
-    "skip_checks": lambda _, value: skip_problem(value, CHECK_IDS),
+    "skip_checks": lambda _, value: skip_problem(value, SKIP_IDS),
 }
 
 

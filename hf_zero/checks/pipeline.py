@@ -40,6 +40,7 @@ class Check:
     off: str = ""  # the option that turns it off where one exists; every check also goes with skip_checks=[id]
     gate: bool = False  # its errors stop the moment before later checks read what it refused
     kind: str = "check"  # "check", "fix" (changes the run, finds nothing) or "guard" (a watch that stops it later)
+    parts: tuple = ()  # the codes its lines carry, each skippable alone as "<id>/<code>" (the config findings)
 
     def __post_init__(self):
         if self.moment not in MOMENTS or self.severity not in SEVERITIES or self.kind not in KINDS:
@@ -65,6 +66,17 @@ def severity_of(line, check: Check) -> str:
     return getattr(line, "severity", check.severity)
 
 
+def id_of(line, check: Check) -> str:
+    """The id a line answers to: its check's, or "<check id>/<code>" for a line with a code of its own (a Finding)."""
+    code = getattr(line, "code", None)
+    return f"{check.id}/{code}" if code in check.parts else check.id
+
+
+def skip_ids(checks) -> tuple:
+    """Every id skip_checks takes: each check's, and each of its parts' ("deepspeed-config/fp16-on-cpu")."""
+    return tuple(c.id for c in checks) + tuple(f"{c.id}/{part}" for c in checks for part in c.parts)
+
+
 def skip_problem(skip, known) -> str | None:
     """Why ``skip`` (ids given to skip_checks) cannot be used, or None."""
     if isinstance(skip, str):
@@ -73,25 +85,28 @@ def skip_problem(skip, known) -> str | None:
         return f"skip_checks takes a list of check ids, got {skip!r}. Fix: skip_checks=['host-memory'], for example"
     unknown = sorted(set(skip) - set(known))
     if unknown:
-        return (f"skip_checks names {unknown}, which are not check ids. Fix: use ids from hf_zero's docs, checks.md: "
-                f"{', '.join(sorted(known))}")
+        parts = sorted({i.partition("/")[0] for i in known if "/" in i})
+        one = f"; one line of {', '.join(parts)} is <id>/<code>, its code as hf-zero check prints it" if parts else ""
+        return (f"skip_checks names {unknown}, which are not check ids. Fix: use ids from hf_zero's docs, "
+                f"run-checks.md: {', '.join(sorted(i for i in known if '/' not in i))}{one}.")
     return None
 
 
 def run_moment(checks, moment: str, context) -> list:
-    """Run every check of ``moment`` on ``context`` (skipping the ids in ``context.skip``); say the warnings and notes
+    """Run every check of ``moment`` on ``context`` (skipping the ids in ``context.skip``, and the lines whose own id is
+    there); say the warnings and notes
     through ``context.say``; return the error lines (the door raises them; the save moment's go to its own error)."""
     errors = []
     for check in (c for c in checks if c.moment == moment):
         if check.id in context.skip:
             context.ran.append((moment, check.id, "skipped"))
             continue
-        lines = check.run(context) or []
+        lines = [line for line in check.run(context) or [] if id_of(line, check) not in context.skip]
         context.ran.append((moment, check.id, ("fired" if lines else "quiet") if check.kind == "check" else "ran"))
         for line in lines:
             severity = severity_of(line, check)
             if severity == "error":
-                errors.append(f"{line} [check {check.id}]")
+                errors.append(f"{line} [check {id_of(line, check)}]")
             else:
                 context.say(str(line), severity)
         if check.gate and errors:

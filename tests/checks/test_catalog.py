@@ -2,16 +2,18 @@
 the test files), the docs list every check, and the options that turn checks off are checked themselves."""
 
 import ast
+import re
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import REPO
-from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options, run_moment
+from hf_zero.checks import CHECK_IDS, CHECKS, SKIP_IDS, RunContext, check_options, run_moment
 from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, model_leaves,
                                     sequence_parallel_loss)
 from hf_zero.compat.hf_api import enable_model_checkpointing
+from hf_zero.config.findings import FINDING_CODES
 from hf_zero.errors import ConfigError
 
 # check id -> (tests where it fires, tests where it stays quiet), as file::function
@@ -274,3 +276,47 @@ def test_a_fix_or_a_guard_is_reported_as_ran_never_as_a_check_that_passed():
     run = RunContext("accelerate", {"zero_optimization": {"stage": 2}}, model=model, engine=model)
     run_moment([c for c in CHECKS if c.id in ("cache-off-while-checkpointing", "leaf-release")], "engine", run)
     assert run.ran == [("engine", "cache-off-while-checkpointing", "ran"), ("engine", "leaf-release", "quiet")]
+
+
+def _finding_codes_in_source() -> set:
+    """The code of every Finding(...) the config linter builds (its first argument, a string literal)."""
+    codes = set()
+    for path in (REPO / "hf_zero" / "config").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" and node.args:
+                codes.add(node.args[0].value)
+    return codes
+
+
+def test_every_config_finding_has_its_own_id_and_the_docs_list_each():
+    assert _finding_codes_in_source() == set(FINDING_CODES)
+    finding_ids = {f"deepspeed-config/{code}" for code in FINDING_CODES}
+    assert set(SKIP_IDS) == set(CHECK_IDS) | finding_ids
+    page = (REPO / "docs" / "run-checks.md").read_text()
+    assert set(re.findall(r"`(deepspeed-config/[a-z0-9-]+)`", page)) == finding_ids
+
+
+def _config_run(skip=()):
+    import hf_zero
+
+    config = hf_zero.load_config("zero2")
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 10  # stage3-key-in-stage12, a warning
+    config["bogus"] = 1  # unknown-key, an error
+    run = RunContext("accelerate", config, skip=frozenset(skip))
+    errors = run_moment([c for c in CHECKS if c.id == "deepspeed-config"], "config", run)
+    return errors, [w for w in run.warnings if "stage-3 keys" in w]
+
+
+def test_one_config_finding_is_skipped_by_its_own_id_and_all_by_the_checks():
+    errors, warnings = _config_run()
+    assert [e for e in errors if "'bogus'" in e] == [
+        "DeepSpeed silently ignores the top-level key 'bogus'. Fix: remove it or correct its spelling (see "
+        "deepspeed.ai/docs/config-json). [check deepspeed-config/unknown-key]"] and len(warnings) == 1
+    errors, warnings = _config_run(["deepspeed-config/unknown-key"])
+    assert not any("'bogus'" in e for e in errors) and len(warnings) == 1  # that finding alone
+    errors, warnings = _config_run(["deepspeed-config/stage3-key-in-stage12"])
+    assert any("'bogus'" in e for e in errors) and warnings == []
+    assert _config_run(["deepspeed-config"]) == ([], [])  # the users' setting of before: every finding
+    check_options(skip_checks=["deepspeed-config/unknown-key", "deepspeed-config"])
+    with pytest.raises(ConfigError, match=r"deepspeed-config/nope'\], which are not check ids.*<id>/<code>"):
+        check_options(skip_checks=["deepspeed-config/nope"])

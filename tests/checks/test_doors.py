@@ -61,6 +61,8 @@ def test_prepare_passes_config_warnings_on(prepare_checks):
         "stage 2 ignores the stage-3 keys stage3_param_persistence_threshold. "
         "Fix: remove them, or set stage 3 if that was meant."]
     assert prepare_checks("zero2") == {"warnings": [], "error": None, "ran": prepare_checks("zero2")["ran"]}
+    skipped = prepare_checks("config_warning_skipped")  # that finding alone, by its own id
+    assert skipped["warnings"] == [] and skipped["error"] is None
 
 
 def test_prepare_reports_a_zero3_model_built_whole(prepare_checks):

@@ -226,6 +226,10 @@ def test_quiet_config_warnings_on_a_sound_config(attach_checks):
     assert attach_checks("finding_none") == {"warnings": [], "error": None}
 
 
+def test_one_config_finding_is_skipped_by_its_own_id(attach_checks):
+    assert attach_checks("finding_warning_skipped") == {"warnings": [], "error": None}
+
+
 @pytest.mark.parametrize("name, use_reentrant", [("reentrant_zero3", True), ("reentrant_zero2", True),
                                                    ("non_reentrant_zero3", False)])
 def test_quiet_about_the_users_choice_of_reentrant_checkpointing_and_keeps_it(attach_checks, name, use_reentrant):

@@ -85,6 +85,10 @@ def scenarios(model_path: str, out: Path):
     yield run("finding_warning", lambda: attach(model_path, hf_args(config_file(
         out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10))))
     yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
+    # ... and skipped by its own id alone
+    yield run("finding_warning_skipped", lambda: attach(model_path, hf_args(config_file(
+        out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10)),
+        skip_checks=["deepspeed-config/stage3-key-in-stage12"]))
     # gradient checkpointing: the user's use_reentrant kept as given, non-reentrant when none was given
     # the newest spelling (transformers 5.23 renamed it; the old one warns there)
     name = checkpointing_arg_name(transformers.TrainingArguments)

@@ -94,6 +94,8 @@ def scenarios(model_path: str, out):
 
     yield run("zero2", config_of("zero2"))
     yield run("config_warning", config_of("zero2", stage3_param_persistence_threshold=10))
+    yield run("config_warning_skipped", config_of("zero2", stage3_param_persistence_threshold=10),
+              accelerator_options={"skip_checks": ["deepspeed-config/stage3-key-in-stage12"]})
     yield run("built_whole", config_of("zero3"), load_first=True)
     yield run("cast_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes)
     yield run("keep_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes,
