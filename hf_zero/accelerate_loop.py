@@ -24,7 +24,7 @@ from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import fill_adam_hyperparameters
 from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, wait_for_every_rank
 from .engine_fixes import finish_offload_step
-from .errors import CheckpointError, ConfigError, RanksDivergedError
+from .errors import CheckpointError, RanksDivergedError
 
 logger = logging.getLogger("hf_zero")
 
@@ -112,6 +112,7 @@ def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: ZeroOp
     run.skip = run.skip | frozenset(options.skip_checks)
     run.options, run.model = options, model
     run.loaders = [obj for obj in objects if isinstance(obj, torch.utils.data.DataLoader)]
+    run.optimizers = [obj for obj in objects if isinstance(obj, (torch.optim.Optimizer, DummyOptim))]
     raise_errors(run_moment(CHECKS, "model", run))
     objects = [_with_preset_optimizer(run.config, obj) if isinstance(obj, (torch.optim.Optimizer, DummyOptim)) else obj
                for obj in objects]
@@ -157,9 +158,7 @@ def _with_preset_optimizer(config: dict, optimizer):
         return optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-            raise ConfigError(f"the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes "
-                              f"{type(optimizer).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), "
-                              "lr=...), or remove the config's optimizer block to train with your own optimizer.")
+            return optimizer  # the optimizer-type check refuses it unless skipped; then Accelerate says what it thinks
         defaults = optimizer.defaults
         params = [p for group in optimizer.param_groups for p in group["params"]]
         optimizer = DummyOptim(params, lr=defaults["lr"], weight_decay=defaults.get("weight_decay", 0.0),

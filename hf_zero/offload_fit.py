@@ -1,5 +1,6 @@
 """Whether an offload run fits this node, for a model in hand: its model states in host memory and its largest
-parameter in zero3_nvme's swap buffer (hf_zero.planner's figures). Both doors and ``hf-zero check --model`` ask it."""
+parameter in zero3_nvme's swap buffer (hf_zero.planner's figures). Both doors and ``hf-zero check --model`` ask it
+(hf_zero.checks' host-memory and nvme-buffer-too-small)."""
 
 import os
 
@@ -19,3 +20,12 @@ def host_memory_problem_of(config: dict, model, ranks: int, half: int, host_byte
     local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
     return host_memory_problem(config, params, trained, ranks, local, half,
                                psutil.virtual_memory().total if host_bytes is None else host_bytes)
+
+
+def nvme_buffer_problem_of(config: dict, model, ranks: int) -> str | None:
+    """A parameter whose share on each of ``ranks`` is larger than zero3_nvme's swap buffer (DeepSpeed's swapper
+    refuses it when it partitions the model), or None."""
+    from .planner import nvme_buffer_problem
+
+    largest = max((full_numel(p) for p in model.parameters()), default=0)
+    return nvme_buffer_problem(config, largest, max(1, ranks or 1))

@@ -11,7 +11,7 @@ from ..batch_counts import UNEVEN_FIX, compare_across_ranks
 from ..batch_padding import padding_advice
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
-from ..compat.hf_api import set_checkpointing_kwargs
+from ..compat.hf_api import checkpointing_on, set_checkpointing_kwargs, turn_on_checkpointing
 from ..config.dotted import offload_devices
 from ..config.findings import FINDING_CODES
 from ..compat.deepspeed_api import param_coordinator, set_leaf, threshold_leaves
@@ -20,7 +20,8 @@ from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
 from ..engine_checks import engine_problems, layout_problems, training_alone
 from ..engine_fixes import leaf_release_after_compute, offload_fixes_applied
-from ..offload_fit import host_memory_problem_of
+from ..long_context import enable_long_context, long_context_problems
+from ..offload_fit import host_memory_problem_of, nvme_buffer_problem_of
 from ..offload_threads import threads_for_offload
 from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
                                  loss_over_sequence_shards, sequence_parallel_problems)
@@ -35,6 +36,16 @@ from ..zero3.recompute import default_checkpointing_kwargs, recompute_problems
 from .pipeline import Check, Line, skip_ids, warning
 
 
+# ---- arguments: the Trainer's TrainingArguments, before any process group (hf_zero's launch glue) ---------------
+FP16_ON_CPU = ("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
+               "Fix: use --bf16 (or no mixed precision) on CPU machines.")
+
+
+def fp16_arguments_on_cpu(run) -> list:
+    """TrainingArguments(fp16=True) on a machine without a GPU: DeepSpeed's CPU accelerator has no fp16."""
+    return [FP16_ON_CPU] if run.on_cpu and getattr(run.args, "fp16", False) else []
+
+
 # ---- config: the launch and the live DeepSpeed config ------------------------------------------------------------
 def world_size_matches(run) -> list:
     """The door sized the run for the launched world (else each rank would train alone, or DeepSpeed asserts)."""
@@ -44,7 +55,12 @@ def world_size_matches(run) -> list:
 
 
 def deepspeed_config(run) -> list:
-    """DeepSpeed's own parser and hf_zero's rules (hf_zero.validate_config), with this process's environment."""
+    """DeepSpeed's own parser and hf_zero's rules (hf_zero.validate_config), with this process's environment. Under
+    the Trainer it runs twice: on the arguments, before any process group, the config's errors alone (its warnings
+    are said once, when the callback attaches); then on the live config."""
+    if run.moment == "arguments":
+        return [f for f in validate_config(run.config, on_cpu=run.on_cpu, world_size=run.launched)
+                if f.severity == "error"]
     sp, _ = run.sp_tp
     return [f for f in validate_config(run.config, on_cpu=run.on_cpu, world_size=run.launched, environment=True,
                                        sequence_parallel=sp)
@@ -68,6 +84,40 @@ def save_gathers_weights(run) -> list:
 
 
 # ---- model: before the engine exists ----------------------------------------------------------------------------
+def long_context(run) -> list:
+    """ZeroCallback(long_context=...): the model can run the parts asked for (hf_zero.long_context)."""
+    parts = run.options.long_context
+    return long_context_problems(run.model, parts) if parts is not None and run.model is not None else []
+
+
+def long_context_parts(run) -> list:
+    """ZeroCallback(long_context=...): the parts go on the model; offloading what checkpointing saves needs
+    checkpointing on, so it is turned on (said)."""
+    parts = run.options.long_context
+    if parts is None or run.model is None:
+        return []
+    parts = enable_long_context(run.model, parts, checked=False)  # long-context judged it (or was skipped)
+    if parts.offload_activations and run.args is not None and not checkpointing_on(run.args):
+        turn_on_checkpointing(run.args)
+        return [warning("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
+                        "layer inputs to host memory.")]
+    return []
+
+
+def optimizer_type(run) -> list:
+    """In a loop whose DeepSpeed config has an optimizer block, the optimizer passed is a DummyOptim or a torch
+    Adam/AdamW (whose hyperparameters then configure DeepSpeed's AdamW); Accelerate refuses any other."""
+    import torch
+
+    if "optimizer" not in run.config:
+        return []
+    others = [o for o in run.optimizers if isinstance(o, torch.optim.Optimizer)
+              and not isinstance(o, (torch.optim.Adam, torch.optim.AdamW))]
+    return [f"the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes "
+            f"{type(o).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), lr=...), or remove the "
+            "config's optimizer block to train with your own optimizer." for o in others]
+
+
 def parallel_layout(run) -> list:
     """Sequence/tensor-parallel degrees the world, the model's heads and its attention can be split into."""
     sp, tp = run.sp_tp
@@ -91,7 +141,15 @@ def host_memory(run) -> list:
     """With states offloaded, the model states the planner counts fit this node's memory."""
     if not offload_devices(run.config):
         return []
-    problem = host_memory_problem_of(run.config, run.model, run.declared_world, half=2 if run.half_dtype else 4)
+    problem = host_memory_problem_of(run.config, run.model, run.declared_world, half=2 if run.half_dtype else 4,
+                                     host_bytes=run.host_bytes)
+    return [problem] if problem else []
+
+
+def nvme_buffer(run) -> list:
+    """With parameters offloaded to NVMe, one rank's share of the model's largest parameter fits a swap buffer
+    (DeepSpeed's swapper refuses a larger one when it partitions the model)."""
+    problem = nvme_buffer_problem_of(run.config, run.model, run.declared_world)
     return [problem] if problem else []
 
 
@@ -332,17 +390,28 @@ def saved_model_reloads(run) -> list:
 
 
 CHECKS = (
+    Check("fp16-arguments-on-cpu", "arguments", "error", fp16_arguments_on_cpu,
+          "TrainingArguments(fp16=True) on a machine without a GPU"),
     Check("world-size", "config", "error", world_size_matches, "the door's world size is the launched one", gate=True),
     Check("gpu-only-settings", "config", "warning", gpu_only_settings, "on CPU, drops settings that work only on GPUs"),
-    Check("deepspeed-config", "config", "error", deepspeed_config, "DeepSpeed's parser and hf_zero's config rules",
+    Check("deepspeed-config", ("arguments", "config"), "error", deepspeed_config, "DeepSpeed's parser and hf_zero's config rules",
           gate=True, parts=FINDING_CODES),
     Check("save-gathers-weights", "config", "error", save_gathers_weights,
           "ZeRO-3 saves gather 16-bit weights (turned on and said; refused when forcing is off)",
           off="force_gather_on_save=False refuses instead of turning it on"),
+    Check("long-context", "model", "error", long_context, "the model can run the long_context parts asked for",
+          gate=True),
+    Check("long-context-parts", "model", "warning", long_context_parts,
+          "long_context's parts go on the model; checkpointing is turned on for offload_activations",
+          off="long_context=None (the default)", kind="fix"),
+    Check("optimizer-type", "model", "error", optimizer_type,
+          "a loop's optimizer is a DummyOptim or an Adam/AdamW where the config names DeepSpeed's"),
     Check("parallel-layout", "model", "error", parallel_layout, "sequence/tensor-parallel sizes fit the world and model"),
     Check("sequence-parallel-batches", "model", "error", sequence_parallel_batches,
           "Ulysses batches split into sp_size shards and carry position_ids", kind="guard"),
     Check("host-memory", "model", "error", host_memory, "offloaded model states fit the node's memory (the planner)"),
+    Check("nvme-buffer-too-small", "model", "error", nvme_buffer,
+          "one rank's share of the largest parameter fits an NVMe swap buffer"),
     Check("offload-threads", "model", "warning", offload_threads, "the CPU optimizer gets this process's cores",
           off="offload_threads=None"),
     Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
@@ -397,3 +466,5 @@ CHECKS = (
 
 CHECK_IDS = tuple(c.id for c in CHECKS)
 SKIP_IDS = skip_ids(CHECKS)  # the check ids and their parts' (deepspeed-config/<code>)
+PLANNED = tuple(c for c in CHECKS if c.id in ("host-memory", "nvme-buffer-too-small"))  # hf-zero check --model's
+LONG_CONTEXT = tuple(c for c in CHECKS if c.id.startswith("long-context"))  # all a run without DeepSpeed gets

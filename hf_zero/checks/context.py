@@ -13,7 +13,9 @@ from .options import DOOR_CALLS, ZeroOptions
 
 logger = logging.getLogger("hf_zero")
 
-DOORS = tuple(DOOR_CALLS)
+# the Trainer (ZeroCallback), a user's Accelerate loop (hf_zero.prepare), and a run planned from a config and a model
+# shape, nothing launched (hf-zero check --model)
+DOORS = (*DOOR_CALLS, "plan")
 
 
 @dataclass
@@ -40,6 +42,10 @@ class RunContext:
     ran: list = field(default_factory=list)
     kept: dict = field(default_factory=dict)  # what a check leaves for the door (a watch to remove, fixes applied)
     stage: int | None = None  # the ZeRO stage the config asks for when the run is first checked
+    moment: str = ""  # the moment being run (run_moment sets it)
+    optimizers: list = field(default_factory=list)  # the loop's optimizers, as prepare() was given them
+    world: int | None = None  # the plan door: the processes the run will have (hf-zero check --world-size)
+    host_bytes: int | None = None  # the node's memory where it is not this machine's (hf-zero check --host-mem)
 
     def __post_init__(self):
         self.stage = zero_stage(self.config)
@@ -56,11 +62,13 @@ class RunContext:
     # ---- the run, whichever door ---------------------------------------------------------------
     @property
     def launched(self) -> int:
-        return world_size()
+        return self.world if self.door == "plan" else world_size()
 
     @property
     def declared_world(self) -> int:
-        """The world size the door sized the run for: the Trainer's arguments, or the Accelerator."""
+        """The world size the door sized the run for: the Trainer's arguments, the Accelerator, or the plan."""
+        if self.door == "plan":
+            return self.world
         if self.args is not None:
             return self.args.world_size
         return self.accelerator.num_processes
@@ -83,6 +91,8 @@ class RunContext:
         """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
         import torch
 
+        if self.door == "plan":
+            return torch.bfloat16  # hf-zero check plans a 16-bit run
         if self.args is not None:
             flags = {flag: bool(getattr(self.args, flag, False)) for flag in ("bf16", "fp16")}
         else:

@@ -17,8 +17,9 @@ from ..errors import ConfigError
 logger = logging.getLogger("hf_zero")
 
 # The moments a run passes, in order, and what each has.
-MOMENTS = ("config", "model", "engine", "save")
+MOMENTS = ("arguments", "config", "model", "engine", "save")
 MOMENT_MEANING = {
+    "arguments": "the Trainer's TrainingArguments with hf_zero's launch glue, before any process group exists",
     "config": "the live DeepSpeed config, before the model is touched",
     "model": "the model and the launch, before the DeepSpeed engine exists",
     "engine": "the built DeepSpeed engine, before the first step",
@@ -33,7 +34,7 @@ class Check:
     """One entry of the list: ``run(context)`` returns its lines ([] when quiet; always [] for a fix or a guard)."""
 
     id: str
-    moment: str
+    moment: str | tuple  # the moment it runs at, or the moments (the config linter: arguments, then config)
     severity: str  # "error" refuses the run; "warning" is said at WARNING; "info" is logged on rank 0
     run: Callable
     summary: str  # what it checks or fixes, one line for docs/run-checks.md
@@ -43,8 +44,12 @@ class Check:
     parts: tuple = ()  # the codes its lines carry, each skippable alone as "<id>/<code>" (the config findings)
 
     def __post_init__(self):
-        if self.moment not in MOMENTS or self.severity not in SEVERITIES or self.kind not in KINDS:
+        if not set(self.moments) <= set(MOMENTS) or self.severity not in SEVERITIES or self.kind not in KINDS:
             raise ValueError(f"check {self.id}: moment {self.moment!r}, severity {self.severity!r}, kind {self.kind!r}")
+
+    @property
+    def moments(self) -> tuple:
+        return self.moment if isinstance(self.moment, tuple) else (self.moment,)
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ def run_moment(checks, moment: str, context) -> list:
     there); say the warnings and notes
     through ``context.say``; return the error lines (the door raises them; the save moment's go to its own error)."""
     errors = []
-    for check in (c for c in checks if c.moment == moment):
+    context.moment = moment
+    for check in (c for c in checks if moment in c.moments):
         if check.id in context.skip:
             context.ran.append((moment, check.id, "skipped"))
             continue

@@ -10,7 +10,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..checkpoints.folders import set_aside_partial
-from ..checks import CHECKS, RunContext, raise_errors, run_moment
+from ..checks import CHECKS, LONG_CONTEXT, RunContext, raise_errors, run_moment
 from ..checks.options import ZeroOptions
 from ..compat.hf_api import enable_model_checkpointing, model_checkpointing_on, rotate_checkpoints
 from ..compat.op_builds import prepare_op_builds
@@ -18,9 +18,7 @@ from ..config.live import deepspeed_config_of
 from ..distributed import barrier, from_rank0
 from ..engine_fixes import finish_offload_step
 from ..errors import CheckpointError, ConfigError
-from ..long_context import enable_long_context
-from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on,
-                                     turn_on_gradient_checkpointing)
+from .gradient_checkpointing import gradient_checkpointing_kwargs, gradient_checkpointing_on
 from .memory import all_ranks_memory
 from .wiring import trainer_calling, trainer_starting_train
 
@@ -110,8 +108,6 @@ class ZeroCallback(TrainerCallback, ExportableState):
             return self
         _PREPARED[trainer] = self
         self._saved_use_cache = _loaded_use_cache(trainer.model)
-        if self.zero_options.long_context is not None:
-            self._prepare_long_context(trainer.args, trainer.model)
         self._before_engine(trainer)
         if deepspeed_config_of(trainer.args) is not None:
             self._take_over_rotation(trainer.args)
@@ -119,14 +115,6 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if getattr(trainer, "is_in_train", False):
             self._redo_gradient_checkpointing(trainer)
         return self
-
-    def _prepare_long_context(self, args, model) -> None:
-        """The parts go on the model; offloading what checkpointing saves needs checkpointing on."""
-        parts = enable_long_context(model, self.zero_options.long_context)
-        if parts.offload_activations and not gradient_checkpointing_on(args):
-            turn_on_gradient_checkpointing(args)
-            self._warn("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
-                       "layer inputs to host memory.")
 
     def _take_over_from(self, previous: "ZeroCallback") -> None:
         for name in ("stage", "warnings", "run", "_saved_use_cache", "_save_total_limit"):
@@ -184,8 +172,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
         (that moment reads the folder and the model it is given)."""
         if self.run is None:
             args = getattr(trainer, "args", None)
-            self.run = RunContext("trainer", config, options=self.zero_options,
-                                  skip=frozenset(self.zero_options.skip_checks),
+            # the ids skipped on the arguments (their checks ran there) stay skipped here
+            skip = set(self.zero_options.skip_checks) | set(getattr(args, "skip_checks", None) or ())
+            self.run = RunContext("trainer", config, options=self.zero_options, skip=frozenset(skip),
                                   model=getattr(trainer, "model", None), args=args, trainer=trainer,
                                   accelerator=getattr(trainer, "accelerator", None),
                                   compiled=bool(getattr(args, "torch_compile", False)), warnings=self.warnings)
@@ -193,7 +182,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     def _before_engine(self, trainer) -> None:
         config = deepspeed_config_of(trainer.args)
-        if config is None:
+        if config is None:  # no ZeRO run: only long_context applies (long sequences on one GPU without DeepSpeed)
+            if self.zero_options.long_context is not None:
+                raise_errors(run_moment(LONG_CONTEXT, "model", self._run_of(trainer, {})))
             return
         prepare_op_builds()  # the engine builds fused Adam / cpu_adam at the first step
         run = self._run_of(trainer, config)

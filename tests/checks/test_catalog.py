@@ -18,18 +18,29 @@ from hf_zero.errors import ConfigError
 
 # check id -> (tests where it fires, tests where it stays quiet), as file::function
 COVERAGE = {
+    "fp16-arguments-on-cpu": (["config/test_validation.py::test_fp16_on_cpu_refused_by_training_args",
+                               "trainer/test_launch_checks.py::test_fp16_arguments_on_cpu"],
+                              ["trainer/test_launch_checks.py::test_fp16_arguments_on_cpu"]),
     "world-size": (["trainer/test_callback.py::test_fires_when_ranks_would_train_alone",
                     "multiproc/test_accelerate_loop.py::test_a_plain_accelerator_on_cpu_is_stopped_before_ranks_train_alone"],
                    ["trainer/test_callback.py::test_quiet_world_size_with_hf_zero_arguments"]),
     "gpu-only-settings": (["trainer/test_callback.py::test_gpu_only_setting_dropped_on_cpu_is_said"],
                           ["trainer/test_callback.py::test_quiet_about_gpu_only_settings_when_the_config_has_none"]),
     "deepspeed-config": (["trainer/test_callback.py::test_config_warnings_are_passed_on",
-                          "checks/test_doors.py::test_prepare_passes_config_warnings_on"],
+                          "checks/test_doors.py::test_prepare_passes_config_warnings_on",
+                          "trainer/test_launch_checks.py::test_the_config_linter_on_the_arguments"],
                          ["trainer/test_callback.py::test_quiet_config_warnings_on_a_sound_config"]),
     "save-gathers-weights": (["trainer/test_callback.py::test_gather_off_is_turned_on_so_the_save_reloads",
                               "trainer/test_callback.py::test_gather_off_refused_when_not_forced_on"],
                              ["trainer/test_callback.py::test_quiet_about_gathering_when_the_config_already_gathers",
                               "trainer/test_callback.py::test_quiet_gather_not_forced_but_already_on"]),
+    "long-context": (["trainer/test_callback.py::test_long_context_refuses_a_model_that_cannot_run_a_part_at_attach"],
+                     ["trainer/test_callback.py::test_long_context_puts_its_parts_on_a_model_that_can_run_them"]),
+    "long-context-parts": (["trainer/test_callback.py::test_long_context_puts_its_parts_on_a_model_that_can_run_them",
+                            "trainer/test_callback.py::test_long_context_refusal_skipped_by_its_id_still_puts_the_parts_on"],
+                           ["trainer/test_callback.py::test_quiet_config_warnings_on_a_sound_config"]),
+    "optimizer-type": (["checks/test_doors.py::test_prepare_refuses_another_optimizer_where_the_config_names_deepspeeds"],
+                       ["checks/test_doors.py::test_quiet_about_the_optimizer_when_an_adamw_configures_deepspeeds"]),
     "parallel-layout": (["config/test_parallel_layout.py::test_layouts_that_do_not_divide_are_refused_before_the_engine",
                          "config/test_sequence_parallel_checks.py::test_world_not_divisible_by_sp_size"],
                         ["config/test_sequence_parallel_checks.py::test_all_sp_checks_together_and_none_without_sp"]),
@@ -39,6 +50,12 @@ COVERAGE = {
     "host-memory": (["trainer/test_callback.py::test_offload_the_host_cannot_hold_is_refused_unless_the_check_is_skipped",
                      "checks/test_doors.py::test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped"],
                     ["planner/test_host_memory_check.py::test_states_over_the_node_memory_are_refused_and_under_it_pass"]),
+    "nvme-buffer-too-small": (["trainer/test_callback.py::"
+                               "test_a_parameter_over_the_nvme_swap_buffer_is_refused_before_the_engine_unless_skipped",
+                               "checks/test_doors.py::test_prepare_refuses_a_parameter_over_the_nvme_swap_buffer",
+                               "planner/test_host_memory_check.py::test_check_cli_names_the_nvme_buffer_for_a_large_vocabulary"],
+                              ["trainer/test_callback.py::test_quiet_about_the_nvme_buffer_with_the_presets",
+                               "planner/test_host_memory_check.py::test_check_cli_names_the_nvme_buffer_for_a_large_vocabulary"]),
     "offload-threads": (["trainer/test_offload_overflow.py::test_offload_threads_fire_with_one_thread_of_eight_cores"],
                         ["trainer/test_offload_overflow.py::test_quiet_offload_threads"]),
     "single-process": (["trainer/test_callback.py::test_warns_that_zero_on_one_process_shards_nothing",
@@ -143,7 +160,7 @@ def test_the_docs_list_every_check_with_its_moment_and_off_switch():
     rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
     assert sorted(rows) == sorted(CHECK_IDS)
     for check in CHECKS:
-        assert f"| {check.moment} | {check.severity} | {check.kind} |" in rows[check.id], check.id
+        assert f"| {', '.join(check.moments)} | {check.severity} | {check.kind} |" in rows[check.id], check.id
 
 
 def _tiny_model():

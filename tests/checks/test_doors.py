@@ -24,7 +24,8 @@ def checks_in_order(ran) -> list:
     return seen
 
 
-EVERY_CHECK = [[c.moment, c.id] for c in CHECKS]
+# every check at each of its moments that a door's run records (the arguments moment runs in TrainingArguments)
+EVERY_CHECK = [[moment, c.id] for c in CHECKS for moment in c.moments if moment != "arguments"]
 
 
 def test_the_trainer_door_runs_every_check_in_order(trained):
@@ -40,8 +41,8 @@ def test_the_accelerate_door_runs_every_check_in_order(accelerate_zero3_loop):
 def test_the_list_is_checked_as_each_door_defines_it():
     ids = [c.id for c in CHECKS]
     assert len(ids) == len(set(ids))
-    moments = [c.moment for c in CHECKS]
-    assert moments == sorted(moments, key=["config", "model", "engine", "save"].index)  # run order is list order
+    moments = [c.moments[-1] for c in CHECKS]
+    assert moments == sorted(moments, key=["arguments", "config", "model", "engine", "save"].index)  # list order
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,26 @@ def test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped(prepare_che
     assert "of model states in host memory" in refused["error"] and "[check host-memory]" in refused["error"]
     skipped = prepare_checks("host_memory_skipped")
     assert skipped["error"] is None and ["model", "host-memory", "skipped"] in skipped["ran"]
+
+
+def test_prepare_refuses_another_optimizer_where_the_config_names_deepspeeds(prepare_checks):
+    assert prepare_checks("optimizer_sgd")["error"] == (
+        "the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes SGD. Fix: pass "
+        "accelerate.utils.DummyOptim(model.parameters(), lr=...), or remove the config's optimizer block to train with "
+        "your own optimizer. [check optimizer-type]")
+    skipped = prepare_checks("optimizer_sgd_skipped")  # hf_zero out of the way: what Accelerate says of it
+    assert "optimizer-type" not in (skipped["error"] or "")
+
+
+def test_quiet_about_the_optimizer_when_an_adamw_configures_deepspeeds(prepare_checks):
+    quiet = prepare_checks("optimizer_adamw")
+    assert quiet["error"] is None and ["model", "optimizer-type", "quiet"] in quiet["ran"]
+
+
+def test_prepare_refuses_a_parameter_over_the_nvme_swap_buffer(prepare_checks):
+    error = prepare_checks("nvme_buffer_small")["error"]
+    assert "buffer_size is 4,096 elements" in error and error.endswith("[check nvme-buffer-too-small]")
+    assert ["model", "nvme-buffer-too-small", "quiet"] in prepare_checks("zero2")["ran"]
 
 
 def test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward(prepare_checks):
