@@ -3,8 +3,8 @@
 An entry is one function of a RunContext with an id, the moment it needs, a severity, a kind and a documented way to
 turn it off. Its kind says what it does: a "check" returns lines, each a problem (at the entry's severity) or a Finding
 with its own, and may fix what it finds (the live config the engine is built from, the model before the engine wraps
-it) and say so; a "fix" changes the run where it needs it and returns nothing; a "guard" installs a watch that stops
-the run later, when it sees its problem. Every entry of a moment runs, and every error is collected, before the door
+it) and say so; a "fix" changes the run where it needs it and finds nothing (at most it says what it changed); a
+"guard" installs a watch that stops the run later, when it sees its problem. Every entry of a moment runs, and every error is collected, before the door
 raises them together (one ConfigError listing all).
 """
 
@@ -31,7 +31,7 @@ KINDS = ("check", "fix", "guard")
 
 @dataclass(frozen=True)
 class Check:
-    """One entry of the list: ``run(context)`` returns its lines ([] when quiet; always [] for a fix or a guard)."""
+    """One entry of the list: ``run(context)`` returns its lines ([] when quiet; a fix's only say what it changed)."""
 
     id: str
     moment: str | tuple  # the moment it runs at, or the moments (the config linter: arguments, then config)
