@@ -10,6 +10,7 @@ Trainer fills, the checks ZeroCallback runs for the Trainer (hf_zero.checks), an
     hf_zero.save_pretrained(accelerator, model, "out/final", tokenizer)   # every rank calls it
 """
 
+import inspect
 import logging
 import shutil
 import weakref
@@ -18,12 +19,12 @@ from pathlib import Path
 from .batch_counts import UNEVEN_FIX
 from .checkpoints.export import replace_folder
 from .checks import CHECKS, RunContext, check_options, raise_errors, run_moment
+from .checks.options import ZeroOptions
 from .config.findings import TRAINER_AUTO_KEYS
 from .config.live import fill_adam_hyperparameters
 from .distributed import accelerate_launched_deepspeed, from_rank0, has_gpu, is_distributed, wait_for_every_rank
 from .engine_fixes import finish_offload_step
-from .errors import CheckpointError, ConfigError, RanksDivergedError
-from .offload_threads import AUTO
+from .errors import CheckpointError, RanksDivergedError
 
 logger = logging.getLogger("hf_zero")
 
@@ -91,13 +92,13 @@ def _accelerator_class(base):
             hf_zero_base = base
 
             def prepare(self, *args, **kwargs):
-                return _checked_prepare(self, base.prepare, args, kwargs, {}, ())
+                return _checked_prepare(self, base.prepare, args, kwargs, ZeroOptions.for_door("accelerate", {}))
 
         _CLASSES[base] = ZeroAccelerator
     return _CLASSES[base]
 
 
-def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: dict, skip_checks):
+def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: ZeroOptions):
     """``base_prepare(accelerator, *objects, **kwargs)`` (Accelerate's own prepare) with hf_zero.checks' model
     moment before it and its engine moment after it, when it builds a DeepSpeed engine (a model among ``objects``)."""
     import torch
@@ -107,10 +108,11 @@ def _checked_prepare(accelerator, base_prepare, objects, kwargs, options: dict, 
     model = next((obj for obj in objects if isinstance(obj, torch.nn.Module)), None)
     if plugin is None or model is None:
         return base_prepare(accelerator, *objects, **kwargs)
-    run = run_of(accelerator, skip_checks)  # hf_zero.accelerator() ran the config checks; a plain Accelerator here
-    run.skip = run.skip | frozenset(skip_checks)
+    run = run_of(accelerator, options.skip_checks)  # hf_zero.accelerator() ran the config checks; a plain one here
+    run.skip = run.skip | frozenset(options.skip_checks)
     run.options, run.model = options, model
     run.loaders = [obj for obj in objects if isinstance(obj, torch.utils.data.DataLoader)]
+    run.optimizers = [obj for obj in objects if isinstance(obj, (torch.optim.Optimizer, DummyOptim))]
     raise_errors(run_moment(CHECKS, "model", run))
     objects = [_with_preset_optimizer(run.config, obj) if isinstance(obj, (torch.optim.Optimizer, DummyOptim)) else obj
                for obj in objects]
@@ -156,9 +158,7 @@ def _with_preset_optimizer(config: dict, optimizer):
         return optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-            raise ConfigError(f"the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes "
-                              f"{type(optimizer).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), "
-                              "lr=...), or remove the config's optimizer block to train with your own optimizer.")
+            return optimizer  # the optimizer-type check refuses it unless skipped; then Accelerate says what it thinks
         defaults = optimizer.defaults
         params = [p for group in optimizer.param_groups for p in group["params"]]
         optimizer = DummyOptim(params, lr=defaults["lr"], weight_decay=defaults.get("weight_decay", 0.0),
@@ -171,9 +171,7 @@ def _with_preset_optimizer(config: dict, optimizer):
     return optimizer
 
 
-def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False, offload_step_chunk: int | None = None,
-            divergence_check: str = "whole_run", vision_in_step: str = "keep", moe_leaves: str = "auto",
-            cast_adapters: bool = True, offload_threads=AUTO, overlap_offload_copies: bool = True, skip_checks=()):
+def prepare(accelerator, model, *objects, **options):
     """``accelerator.prepare(model, *objects)`` for a DeepSpeed run, with hf_zero.checks' list around it: the list
     ZeroCallback runs for the Trainer (docs/run-checks.md). The model checks run before the engine is built (world size,
     parallel layout, host memory, LoRA and checkpointing under ZeRO-3, ...), the engine checks after it (DeepSpeed
@@ -183,24 +181,23 @@ def prepare(accelerator, model, *objects, offload_step_in_forward: bool = False,
     The optimizer among ``objects`` may be a DummyOptim (its betas/eps kwargs fill the config's "auto" ones, torch's
     defaults otherwise) or a torch Adam/AdamW, whose hyperparameters then configure the preset's DeepSpeed AdamW.
 
-    The options are ZeroCallback's, with the same meaning: ``skip_checks`` (ids to leave out), ``cast_adapters``,
-    ``offload_threads``, ``overlap_offload_copies``, ``divergence_check``, ``vision_in_step``, ``moe_leaves``.
-    ``offload_step_in_forward=True`` does what ZeroCallback does by default on one GPU under ZeRO-1/2 offload: each
-    optimizer step's host work runs in the next forward, ``offload_step_chunk`` elements at a time (the same bits).
-    It is opt-in here because a loop may read parameter tensors between ``optimizer.step()`` and the next forward;
-    a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step first, and
-    ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
-    options = {"offload_step_in_forward": offload_step_in_forward, "offload_step_chunk": offload_step_chunk,
-               "divergence_check": divergence_check, "vision_in_step": vision_in_step, "moe_leaves": moe_leaves,
-               "cast_adapters": cast_adapters, "offload_threads": offload_threads,
-               "overlap_offload_copies": overlap_offload_copies}
-    check_options(offload_step_chunk=offload_step_chunk, divergence_check=divergence_check,
-                  vision_in_step=vision_in_step, moe_leaves=moe_leaves, skip_checks=skip_checks)
+    The keyword options are ZeroCallback's, with the same meaning (hf_zero.checks.options' ZeroOptions;
+    docs/callback.md#options lists each with its default here), but for the Trainer-only ones. One default differs:
+    ``offload_step_in_forward`` is off, because a loop may read parameter tensors between ``optimizer.step()`` and
+    the next forward; a ``state_dict``, ``accelerator.save_state`` and ``hf_zero.save_pretrained`` finish the step
+    first, and ``hf_zero.finish_offload_step(model)`` finishes it on demand."""
+    chosen = ZeroOptions.for_door("accelerate", options)
     if accelerator.state.deepspeed_plugin is None:
         return accelerator.prepare(model, *objects)
     # the class's own prepare; for an Accelerator from hf_zero.accelerator(), Accelerate's (its own runs the checks)
     base = getattr(type(accelerator), "hf_zero_base", type(accelerator))
-    return _checked_prepare(accelerator, base.prepare, (model, *objects), {}, options, skip_checks)
+    return _checked_prepare(accelerator, base.prepare, (model, *objects), {}, chosen)
+
+
+prepare.__signature__ = ZeroOptions.signature("accelerate", [
+    inspect.Parameter("accelerator", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("objects", inspect.Parameter.VAR_POSITIONAL)])
 
 
 def save_pretrained(accelerator, model, out_dir, processing_class=None, *, arrival_timeout_s: float = SAVE_ARRIVAL_TIMEOUT_S) -> Path:

@@ -6,15 +6,15 @@
     if trainer.is_world_process_zero():
         hf_zero.lora.merge_and_save("out/adapter", path, "out/merged")  # a full model folder
 
-Saving and merging live in hf_zero.checkpoints.adapters, the fixes ZeroCallback applies in
-hf_zero.trainer.peft_fixes and hf_zero.trainer.gradient_checkpointing.
+Saving and merging live in hf_zero.checkpoints.adapters, the fixes both doors apply in hf_zero.zero3.peft_fixes
+and hf_zero.zero3.recompute.
 """
 
 from .checkpoints.adapters import adapter_state_dict, merge_and_save, save_adapter
 from .checkpoints.saved_models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_problems, is_adapter_folder
 from .modeling import has_frozen_parameters, is_peft_model, unwrap_model
 from .trainer.gradient_checkpointing import FROZEN_RECOMPUTE_FIX, peft_recompute_problems
-from .trainer.peft_fixes import ZERO2_BASE_SHARE, adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+from .zero3.peft_fixes import ZERO2_BASE_SHARE, adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 
 __all__ = [
     "ADAPTER_CONFIG",

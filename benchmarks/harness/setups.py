@@ -197,31 +197,13 @@ def _lora_problem(name: str) -> str | None:
 
 
 def _callback_problem(option: str, value) -> str | None:
-    import inspect
+    from hf_zero.checks.options import ZeroOptions, option_problems
 
-    from hf_zero.trainer.callback import ZeroCallback
-
-    options = [name for name in inspect.signature(ZeroCallback).parameters if name != "log_memory"]
+    options = [name for name in ZeroOptions.names("trainer") if name != "log_memory"]
     if option not in options:
         return f"callback.{option}: ZeroCallback has no option {option!r} (the bench sets log_memory); options: {', '.join(options)}"
-    if option == "skip_checks":  # check ids to leave out, e.g. ["leaf-release"]: the run without one of hf_zero's fixes
-        from hf_zero.checks import CHECK_IDS
-
-        if not isinstance(value, list) or not all(isinstance(v, str) and v in CHECK_IDS for v in value):
-            return f"callback.skip_checks must be a JSON list of check ids (docs/run-checks.md), got {value!r}"
-        return None
-    if option == "offload_threads":  # "auto", or a thread count (0: leave the launcher's)
-        if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            return f"callback.offload_threads must be auto or a thread count (0 leaves it), got {value!r}"
-        return None
-    if option == "offload_step_chunk":
-        from hf_zero.engine_fixes import step_chunk_problem
-
-        problem = step_chunk_problem(value)
-        return f"callback.{problem}" if problem else None
-    if not isinstance(value, bool):
-        return f"callback.{option} must be true or false, got {value!r}"
-    return None
+    problems = option_problems({option: value})
+    return f"callback.{problems[0]}" if problems else None
 
 
 def parse_variant(spec: str, known: dict) -> Setup:

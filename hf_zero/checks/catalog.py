@@ -8,9 +8,12 @@ for every id); docs/run-checks.md lists it.
 import os
 
 from ..batch_counts import UNEVEN_FIX, compare_across_ranks
+from ..batch_padding import padding_advice
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
+from ..compat.hf_api import checkpointing_on, set_checkpointing_kwargs, turn_on_checkpointing
 from ..config.dotted import offload_devices
+from ..config.findings import FINDING_CODES
 from ..compat.deepspeed_api import param_coordinator, set_leaf
 from ..zero3.leaf_threshold import threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
@@ -18,21 +21,30 @@ from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
 from ..engine_checks import engine_problems, layout_problems, training_alone
 from ..engine_fixes import leaf_release_after_compute, offload_fixes_applied
-from ..offload_threads import AUTO, threads_for_offload
+from ..long_context import enable_long_context, long_context_problems
+from ..offload_fit import host_memory_problem_of, nvme_buffer_problem_of
+from ..offload_threads import threads_for_offload
 from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
                                  loss_over_sequence_shards, sequence_parallel_problems)
-from ..trainer.gradient_checkpointing import (default_checkpointing_kwargs, recompute_problems,
-                                              set_gradient_checkpointing_kwargs)
-from ..trainer.memory import host_memory_problem_of
-from ..trainer.padding import padding_advice
-from ..trainer.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
 from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
 from ..zero3.leaves import leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
-from .pipeline import Check, Line, warning
+from ..zero3.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
+from ..zero3.recompute import default_checkpointing_kwargs, recompute_problems
+from .pipeline import Check, Line, skip_ids, warning
+
+
+# ---- arguments: the Trainer's TrainingArguments, before any process group (hf_zero's launch glue) ---------------
+FP16_ON_CPU = ("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
+               "Fix: use --bf16 (or no mixed precision) on CPU machines.")
+
+
+def fp16_arguments_on_cpu(run) -> list:
+    """TrainingArguments(fp16=True) on a machine without a GPU: DeepSpeed's CPU accelerator has no fp16."""
+    return [FP16_ON_CPU] if run.on_cpu and getattr(run.args, "fp16", False) else []
 
 
 # ---- config: the launch and the live DeepSpeed config ------------------------------------------------------------
@@ -44,7 +56,12 @@ def world_size_matches(run) -> list:
 
 
 def deepspeed_config(run) -> list:
-    """DeepSpeed's own parser and hf_zero's rules (hf_zero.validate_config), with this process's environment."""
+    """DeepSpeed's own parser and hf_zero's rules (hf_zero.validate_config), with this process's environment. Under
+    the Trainer it runs twice: on the arguments, before any process group, the config's errors alone (its warnings
+    are said once, when the callback attaches); then on the live config."""
+    if run.moment == "arguments":
+        return [f for f in validate_config(run.config, on_cpu=run.on_cpu, world_size=run.launched)
+                if f.severity == "error"]
     sp, _ = run.sp_tp
     return [f for f in validate_config(run.config, on_cpu=run.on_cpu, world_size=run.launched, environment=True,
                                        sequence_parallel=sp)
@@ -58,7 +75,7 @@ def gpu_only_settings(run) -> list:
 
 def save_gathers_weights(run) -> list:
     """Under ZeRO-3, saves gather 16-bit weights, so every saved model reloads with from_pretrained."""
-    if not run.options.get("force_gather_on_save", True):
+    if not run.options.force_gather_on_save:
         if run.stage == 3 and not run.config["zero_optimization"].get(GATHER_ON_SAVE, False):
             return [f"stage 3 with {GATHER_ON_SAVE} off: every saved model would be ZeRO shards that from_pretrained "
                     "cannot load. Fix: set it to true in the config."]
@@ -68,6 +85,40 @@ def save_gathers_weights(run) -> list:
 
 
 # ---- model: before the engine exists ----------------------------------------------------------------------------
+def long_context(run) -> list:
+    """ZeroCallback(long_context=...): the model can run the parts asked for (hf_zero.long_context)."""
+    parts = run.options.long_context
+    return long_context_problems(run.model, parts) if parts is not None and run.model is not None else []
+
+
+def long_context_parts(run) -> list:
+    """ZeroCallback(long_context=...): the parts go on the model; offloading what checkpointing saves needs
+    checkpointing on, so it is turned on (said)."""
+    parts = run.options.long_context
+    if parts is None or run.model is None:
+        return []
+    parts = enable_long_context(run.model, parts, checked=False)  # long-context judged it (or was skipped)
+    if parts.offload_activations and run.args is not None and not checkpointing_on(run.args):
+        turn_on_checkpointing(run.args)
+        return [warning("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
+                        "layer inputs to host memory.")]
+    return []
+
+
+def optimizer_type(run) -> list:
+    """In a loop whose DeepSpeed config has an optimizer block, the optimizer passed is a DummyOptim or a torch
+    Adam/AdamW (whose hyperparameters then configure DeepSpeed's AdamW); Accelerate refuses any other."""
+    import torch
+
+    if "optimizer" not in run.config:
+        return []
+    others = [o for o in run.optimizers if isinstance(o, torch.optim.Optimizer)
+              and not isinstance(o, (torch.optim.Adam, torch.optim.AdamW))]
+    return [f"the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes "
+            f"{type(o).__name__}. Fix: pass accelerate.utils.DummyOptim(model.parameters(), lr=...), or remove the "
+            "config's optimizer block to train with your own optimizer." for o in others]
+
+
 def parallel_layout(run) -> list:
     """Sequence/tensor-parallel degrees the world, the model's heads and its attention can be split into."""
     sp, tp = run.sp_tp
@@ -91,14 +142,22 @@ def host_memory(run) -> list:
     """With states offloaded, the model states the planner counts fit this node's memory."""
     if not offload_devices(run.config):
         return []
-    problem = host_memory_problem_of(run.config, run.model, run.declared_world, half=2 if run.half_dtype else 4)
+    problem = host_memory_problem_of(run.config, run.model, run.declared_world, half=2 if run.half_dtype else 4,
+                                     host_bytes=run.host_bytes)
+    return [problem] if problem else []
+
+
+def nvme_buffer(run) -> list:
+    """With parameters offloaded to NVMe, one rank's share of the model's largest parameter fits a swap buffer
+    (DeepSpeed's swapper refuses a larger one when it partitions the model)."""
+    problem = nvme_buffer_problem_of(run.config, run.model, run.declared_world)
     return [problem] if problem else []
 
 
 def offload_threads(run) -> list:
     """With the optimizer on the host, torch's CPU threads (DeepSpeed's CPU Adam runs on them) get this process's
     share of the node's cores where a launcher left one."""
-    note = threads_for_offload(run.config, run.options.get("offload_threads", AUTO))
+    note = threads_for_offload(run.config, run.options.offload_threads)
     return [note] if note else []
 
 
@@ -157,7 +216,7 @@ def _examples(leaves, shown=2) -> str:
 def adapter_dtype(run) -> list:
     """Under ZeRO-3, a 16-bit frozen base's fp32 adapters train in its dtype, as ZeRO-1/2 train them."""
     dtype = run.half_dtype
-    if not _frozen(run) or dtype is None or not run.options.get("cast_adapters", True):
+    if not _frozen(run) or dtype is None or not run.options.cast_adapters:
         return []
     note = adapters_to_training_dtype(run.model, dtype)
     return [note] if note else []
@@ -174,7 +233,7 @@ def compile_blocks(run) -> list:
     """Under ZeRO-3 with torch.compile, each repeated block's forward compiles and DeepSpeed's hooks stay eager."""
     if run.stage != 3 or run.accelerator is None:
         return []
-    from ..trainer.compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for ZeRO-3 runs
+    from ..zero3.compile import take_over_zero3_compile  # imports DeepSpeed and Accelerate: only for ZeRO-3 runs
 
     note = take_over_zero3_compile(run.accelerator, run.model, run.config)
     return [note] if note else []
@@ -183,7 +242,7 @@ def compile_blocks(run) -> list:
 def moe_leaves(run) -> list:
     """Under ZeRO-3, mixture-of-experts blocks whose ranks can route to different experts become leaves (it says
     what it made itself, once, on rank 0)."""
-    make_moe_leaves(run.model, run.config, run.options.get("moe_leaves", "auto"))
+    make_moe_leaves(run.model, run.config, run.options.moe_leaves)
     return []
 
 
@@ -209,7 +268,7 @@ def checkpointing_kwargs(run) -> list:
     same bits on DeepSpeed 0.19.8 (tests/multiproc/test_reentrant_checkpointing.py). A loop's model was turned on
     with its kwargs already."""
     if run.args is not None and run.checkpointing and run.checkpointing_kwargs is None:
-        set_gradient_checkpointing_kwargs(run.args, default_checkpointing_kwargs(run.model, run.args))
+        set_checkpointing_kwargs(run.args, default_checkpointing_kwargs(run.model, run.args))
     return []
 
 
@@ -253,11 +312,11 @@ def cache_off_while_checkpointing(run) -> list:
 
 def offload_step_fixes(run) -> list:
     """hf_zero.engine_fixes on the engine: the offload step's host work, copies and overflow test."""
-    if not run.options.get("overlap_offload_copies", True):
+    if not run.options.overlap_offload_copies:
         run.kept["engine_fixes"] = []
         return []
-    in_forward = run.options.get("offload_step_in_forward", False) and not run.compiled  # compile would trace its hooks
-    notes = offload_fixes_applied(run.engine, in_forward, run.options.get("offload_step_chunk"))
+    in_forward = run.options.offload_step_in_forward and not run.compiled  # compile would trace its hooks
+    notes = offload_fixes_applied(run.engine, in_forward, run.options.offload_step_chunk)
     run.kept["engine_fixes"] = notes
     return notes
 
@@ -301,7 +360,7 @@ def even_batches(run) -> list:
 def divergence_watch(run) -> list:
     """Under ZeRO-3 on several ranks, every rank gathers the same module, checked before each gather (ranks that
     diverge stop with the modules named instead of hanging)."""
-    watch = watch_fetch_order(run.engine, run.options.get("divergence_check", "whole_run"))
+    watch = watch_fetch_order(run.engine, run.options.divergence_check)
     if watch is not None and run.kept.get("uneven_batches"):
         watch.cause = f"The likely cause: {run.kept['uneven_batches']}. {UNEVEN_FIX}"
     run.kept["fetch_watch"] = watch
@@ -316,7 +375,7 @@ def generation_in_step(run) -> list:
 
 def vision_in_step(run) -> list:
     """Under ZeRO-3 on several ranks, ranks without images run a vision-language model's vision tower on a dummy."""
-    run.kept["vision_in_step"] = keep_vision_in_step(run.engine, run.options.get("vision_in_step", "keep"))
+    run.kept["vision_in_step"] = keep_vision_in_step(run.engine, run.options.vision_in_step)
     return []
 
 
@@ -332,17 +391,29 @@ def saved_model_reloads(run) -> list:
 
 
 CHECKS = (
+    Check("fp16-arguments-on-cpu", "arguments", "error", fp16_arguments_on_cpu,
+          "TrainingArguments(fp16=True) on a machine without a GPU"),
     Check("world-size", "config", "error", world_size_matches, "the door's world size is the launched one", gate=True),
     Check("gpu-only-settings", "config", "warning", gpu_only_settings, "on CPU, drops settings that work only on GPUs"),
-    Check("deepspeed-config", "config", "error", deepspeed_config, "DeepSpeed's parser and hf_zero's config rules",
-          gate=True),
+    Check("deepspeed-config", ("arguments", "config"), "error", deepspeed_config,
+          "DeepSpeed's parser and hf_zero's config rules",
+          gate=True, parts=FINDING_CODES),
     Check("save-gathers-weights", "config", "error", save_gathers_weights,
           "ZeRO-3 saves gather 16-bit weights (turned on and said; refused when forcing is off)",
           off="force_gather_on_save=False refuses instead of turning it on"),
+    Check("long-context", "model", "error", long_context, "the model can run the long_context parts asked for",
+          gate=True),
+    Check("long-context-parts", "model", "warning", long_context_parts,
+          "long_context's parts go on the model; checkpointing is turned on for offload_activations",
+          off="long_context=None (the default)", kind="fix"),
+    Check("optimizer-type", "model", "error", optimizer_type,
+          "a loop's optimizer is a DummyOptim or an Adam/AdamW where the config names DeepSpeed's"),
     Check("parallel-layout", "model", "error", parallel_layout, "sequence/tensor-parallel sizes fit the world and model"),
     Check("sequence-parallel-batches", "model", "error", sequence_parallel_batches,
-          "Ulysses batches split into sp_size shards and carry position_ids"),
+          "Ulysses batches split into sp_size shards and carry position_ids", kind="guard"),
     Check("host-memory", "model", "error", host_memory, "offloaded model states fit the node's memory (the planner)"),
+    Check("nvme-buffer-too-small", "model", "error", nvme_buffer,
+          "one rank's share of the largest parameter fits an NVMe swap buffer"),
     Check("offload-threads", "model", "warning", offload_threads, "the CPU optimizer gets this process's cores",
           off="offload_threads=None"),
     Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
@@ -356,10 +427,11 @@ CHECKS = (
     Check("lora-fits-zero2", "model", "warning", lora_fits_zero2, "LoRA whose base fits ZeRO-2 is advised to use it"),
     Check("compile-blocks", "model", "warning", compile_blocks,
           "ZeRO-3 with torch.compile compiles block forwards, hooks stay eager"),
-    Check("moe-leaves", "model", "info", moe_leaves, "ZeRO-3 MoE blocks become leaves", off='moe_leaves="off"'),
+    Check("moe-leaves", "model", "info", moe_leaves, "ZeRO-3 MoE blocks become leaves", off='moe_leaves="off"',
+          kind="fix"),
     Check("built-whole", "model", "warning", built_whole, "a ZeRO-3 model not built by zero.Init is reported"),
     Check("checkpointing-kwargs", "model", "info", checkpointing_kwargs,
-          "checkpointing without kwargs gets non-reentrant (reentrant where that fails)"),
+          "checkpointing without kwargs gets non-reentrant (reentrant where that fails)", kind="fix"),
     Check("peft-recompute", "model", "error", peft_recompute,
           "non-reentrant checkpointing of a frozen base under ZeRO-3 on DeepSpeed < 0.19.3"),
     Check("batch-padding", "model", "warning", batch_padding, "on GPUs, padding collators pad to a multiple of 64"),
@@ -368,7 +440,7 @@ CHECKS = (
     Check("sequence-parallel-loss", "engine", "warning", sequence_parallel_loss,
           "under Ulysses in a loop, the model's loss covers every shard of the sequence"),
     Check("cache-off-while-checkpointing", "engine", "info", cache_off_while_checkpointing,
-          "use_cache off while checkpointing"),
+          "use_cache off while checkpointing", kind="fix"),
     Check("offload-step-fixes", "engine", "info", offload_step_fixes,
           "offload's host step overlaps the GPU; pinned copies; no per-gradient host test",
           off="overlap_offload_copies=False; offload_step_in_forward"),
@@ -378,17 +450,23 @@ CHECKS = (
           "ZeRO-3 leaf modules on several GPU ranks on DeepSpeed's fast leaf path, or unproven by the two-rank "
           "exactness gate, are named"),
     Check("leaf-outputs", "engine", "error", leaf_outputs,
-          "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them"),
+          "ZeRO-3 leaf modules return a Tensor or a tuple at their first forward, or the run stops naming them",
+          kind="guard"),
     Check("even-batches", "engine", "warning", even_batches,
           "the data loaders prepared with the model yield as many batches on every rank"),
     Check("divergence-watch", "engine", "error", divergence_watch,
-          "ZeRO-3 ranks gather the same modules, or stop naming them", off='divergence_check="off"'),
-    Check("generation-in-step", "engine", "info", generation_in_step, "ZeRO-3 generate() keeps ranks in step"),
+          "ZeRO-3 ranks gather the same modules, or stop naming them", off='divergence_check="off"',
+          kind="guard"),
+    Check("generation-in-step", "engine", "info", generation_in_step, "ZeRO-3 generate() keeps ranks in step",
+          kind="fix"),
     Check("vision-in-step", "engine", "error", vision_in_step,
-          "ZeRO-3 ranks without images run the vision tower on a dummy", off='vision_in_step="off"'),
+          "ZeRO-3 ranks without images run the vision tower on a dummy", off='vision_in_step="off"', kind="fix"),
     Check("checkpoint-complete", "save", "error", checkpoint_complete, "a Trainer checkpoint holds its training state"),
     Check("saved-model-reloads", "save", "error", saved_model_reloads,
           "the saved folder reloads with from_pretrained", off='force_gather_on_save keeps ZeRO-3 saves whole'),
 )
 
 CHECK_IDS = tuple(c.id for c in CHECKS)
+SKIP_IDS = skip_ids(CHECKS)  # the check ids and their parts' (deepspeed-config/<code>)
+PLANNED = tuple(c for c in CHECKS if c.id in ("host-memory", "nvme-buffer-too-small"))  # hf-zero check --model's
+LONG_CONTEXT = tuple(c for c in CHECKS if c.id.startswith("long-context"))  # all a run without DeepSpeed gets

@@ -9,20 +9,24 @@ from ..config.dotted import half_precision, zero_stage
 from ..distributed import has_gpu, is_main_process, world_size
 from ..engine_checks import parallel_sizes
 from ..sequence_parallel import active_parallelism_config
+from .options import DOOR_CALLS, ZeroOptions
 
 logger = logging.getLogger("hf_zero")
 
-DOORS = ("trainer", "accelerate")
+# the Trainer (ZeroCallback), a user's Accelerate loop (hf_zero.prepare), and a run planned from a config and a model
+# shape, nothing launched (hf-zero check --model)
+DOORS = (*DOOR_CALLS, "plan")
 
 
 @dataclass
 class RunContext:
     """One run as the checks see it. ``config`` is the live DeepSpeed config the engine will be built from (fixes
-    change it in place); ``options`` are the door's options (ZeroCallback's or prepare's keyword arguments)."""
+    change it in place); ``options`` are the door's ZeroOptions (ZeroCallback's or prepare's keyword arguments; the
+    door's defaults when none are given)."""
 
     door: str
     config: dict
-    options: dict = field(default_factory=dict)
+    options: ZeroOptions | None = None
     skip: frozenset = frozenset()
     model: object = None
     args: object = None  # TrainingArguments (the Trainer door)
@@ -34,12 +38,19 @@ class RunContext:
     checkpoint: bool = False  # the save moment: a Trainer checkpoint (training state beside the model)
     compiled: bool = False  # the user asked torch.compile for the model
     warnings: list = field(default_factory=list)  # what the checks said at WARNING, in order
-    ran: list = field(default_factory=list)  # (moment, check id, "fired" / "quiet" / "skipped")
+    # (moment, id, "fired" / "quiet" for a check, "ran" for a fix or a guard, "skipped")
+    ran: list = field(default_factory=list)
     kept: dict = field(default_factory=dict)  # what a check leaves for the door (a watch to remove, fixes applied)
     stage: int | None = None  # the ZeRO stage the config asks for when the run is first checked
+    moment: str = ""  # the moment being run (run_moment sets it)
+    optimizers: list = field(default_factory=list)  # the loop's optimizers, as prepare() was given them
+    world: int | None = None  # the plan door: the processes the run will have (hf-zero check --world-size)
+    host_bytes: int | None = None  # the node's memory where it is not this machine's (hf-zero check --host-mem)
 
     def __post_init__(self):
         self.stage = zero_stage(self.config)
+        if self.options is None:
+            self.options = ZeroOptions.for_door(self.door, {})
 
     def say(self, message: str, severity: str) -> None:
         if severity == "warning":
@@ -51,11 +62,13 @@ class RunContext:
     # ---- the run, whichever door ---------------------------------------------------------------
     @property
     def launched(self) -> int:
-        return world_size()
+        return self.world if self.door == "plan" else world_size()
 
     @property
     def declared_world(self) -> int:
-        """The world size the door sized the run for: the Trainer's arguments, or the Accelerator."""
+        """The world size the door sized the run for: the Trainer's arguments, the Accelerator, or the plan."""
+        if self.door == "plan":
+            return self.world
         if self.args is not None:
             return self.args.world_size
         return self.accelerator.num_processes
@@ -78,6 +91,8 @@ class RunContext:
         """The run's 16-bit training dtype (torch.bfloat16 / float16), or None for fp32."""
         import torch
 
+        if self.door == "plan":
+            return torch.bfloat16  # hf-zero check plans a 16-bit run
         if self.args is not None:
             flags = {flag: bool(getattr(self.args, flag, False)) for flag in ("bf16", "fp16")}
         else:

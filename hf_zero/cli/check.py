@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config.dotted import offload_devices
+from ..config.findings import Finding
 from ..config.json_file import read_json_object
 from ..config.presets import is_preset_name, load_config, preset_path
 from ..config.validate import validate_config
@@ -53,33 +54,41 @@ def _model_config(model) -> dict:
         raise ConfigError(f"--model {model!r} is neither a folder with config.json, a config.json, nor a reachable Hub id") from None
 
 
+def _meta_model(model_config: dict):
+    """The model a config.json describes, on the meta device: its shapes, no weights read or allocated."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from ..model_configs import build_config
+
+    with torch.device("meta"):
+        try:
+            return AutoModelForCausalLM.from_config(build_config(model_config))
+        except ValueError:  # an encoder or other non-causal architecture
+            return AutoModel.from_config(build_config(model_config))
+
+
 def _model_findings(config: dict, model_config: dict, args) -> list:
-    """What an offload preset cannot do for this model, counted on its shape (built once, on the meta device):
-    model states over the node's memory (the planner's figure), and a parameter partition over zero3_nvme's swap
-    buffer (DeepSpeed stops at zero.Init)."""
-    devices = offload_devices(config)
-    if not devices:
+    """What an offload preset cannot do for this model: hf_zero.checks' checks of a model's shape (PLANNED: model
+    states over the node's memory, the planner's figure; a parameter partition over zero3_nvme's swap buffer, which
+    DeepSpeed refuses at zero.Init), run on the run this command plans (one node of --world-size processes, 16-bit)."""
+    if not offload_devices(config):
         return []
     import psutil
 
-    from ..model_configs import build_config
-    from ..config.findings import Finding
-    from ..planner import GIB, ModelShape, host_memory_problem, nvme_buffer_problem
+    from ..checks import PLANNED, RunContext
+    from ..checks.pipeline import severity_of
+    from ..planner import GIB
 
     if args.host_mem is not None and not args.host_mem > 0:
         raise ConfigError(f"--host-mem must be a positive number of GiB, got {args.host_mem}")
     host = args.host_mem * GIB if args.host_mem else psutil.virtual_memory().total
-    shape = ModelShape.from_config(build_config(model_config))
-    # one node of --world-size processes, a 16-bit run (what ZeRO-3 keeps of the parameters on the host)
-    problems = [("host-memory", host_memory_problem(config, shape.params, shape.params, args.world_size,
-                                                    args.world_size, 2, int(host)))]
-    if "nvme" in devices:
-        problems.append(("nvme-buffer-too-small", nvme_buffer_problem(config, max(shape.param_sizes()), args.world_size)))
+    run = RunContext("plan", config, model=_meta_model(model_config), world=args.world_size, host_bytes=int(host))
     findings = []
-    for code, problem in problems:
-        if problem is not None:
-            message, _, fix = problem.partition(" Fix: ")
-            findings.append(Finding(code, "error", message, fix))
+    for check in PLANNED:
+        for line in check.run(run):
+            message, _, fix = str(line).partition(" Fix: ")
+            findings.append(Finding(check.id, severity_of(line, check), message, fix))
     return findings
 
 

@@ -30,6 +30,20 @@ TRAINER_AUTO_KEYS = {
 }
 
 
+# Every code a config finding carries (schema.py, rules.py, environment.py): what hf-zero check prints, and under
+# hf_zero.checks the finding's own id, deepspeed-config/<code>, for skip_checks (docs/run-checks.md)
+FINDING_CODES = (
+    "unknown-key", "invalid-value", "invalid-config",  # DeepSpeed's own parser
+    "auto-unfilled", "auto-outside-trainer", "batch-size-missing", "batch-arithmetic", "trainer-mismatch",
+    "fp16-on-cpu", "fp16-and-bf16", "fp16-for-bf16-model", "stage3-key-in-stage12", "stage12-key-in-stage3",
+    "nvme-path-missing", "nvme-path-unusable", "nvme-param-reuse", "offload-16bit-accumulation",
+    "partial-offload-params-on-host", "zero3-no-gather", "leaf-modules-on-cpu", "deepcompile-graph-breaks",
+    "sequence-parallel-size-under-trainer", "zenflow-auto", "zenflow-schedule-left-out", "zenflow-accumulation",
+    "zenflow-zero3",  # hf_zero's rules
+    "nccl-timeout", "cuda-arch-suffix", "no-compiler", "untested-release", "omp-threads",  # the environment
+)
+
+
 @dataclass
 class Finding:
     """One problem in a config: a stable code, how bad it is, what is wrong, and the fix."""

@@ -295,7 +295,7 @@ def _encode_conversation(messages, tokenizer, max_length):
 
 def data_collator(task, tokenizer, pad_to_multiple_of=None):
     """The transformers collator for a task ("classification", "causal_lm" or "chat"); padded batches are
-    rounded up to ``pad_to_multiple_of`` tokens (hf_zero.trainer.padding.GPU_PAD_MULTIPLE on GPUs, measured faster)."""
+    rounded up to ``pad_to_multiple_of`` tokens (hf_zero.batch_padding.GPU_PAD_MULTIPLE on GPUs, measured faster)."""
     from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, default_data_collator
 
     if task == "causal_lm":

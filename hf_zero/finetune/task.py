@@ -57,7 +57,7 @@ def build_task(ft, tokenizer) -> Task:
     if ft.max_eval_samples:
         evaluation = evaluation.select(range(min(ft.max_eval_samples, len(evaluation))))
     from ..distributed import has_gpu
-    from ..trainer.padding import GPU_PAD_MULTIPLE
+    from ..batch_padding import GPU_PAD_MULTIPLE
 
     pad_multiple = GPU_PAD_MULTIPLE if has_gpu() else None  # on CPU alignment buys nothing
     collator = task_data.data_collator(ft.task, tokenizer, pad_multiple)

@@ -118,11 +118,12 @@ def long_context_problems(model, parts: LongContext) -> list:
     return problems
 
 
-def enable_long_context(model, parts: LongContext | dict | bool = True) -> LongContext:
+def enable_long_context(model, parts: LongContext | dict | bool = True, *, checked: bool = True) -> LongContext:
     """Turn on the long-context parts for ``model`` in place, before training. ``offload_activations`` moves what
     gradient checkpointing saves, so checkpointing must be on (ZeroCallback(long_context=...) turns it on).
 
-    Raises ConfigError, before any change, when the model cannot run a part."""
+    Raises ConfigError, before any change, when the model cannot run a part; ``checked=False`` leaves that to the
+    caller (ZeroCallback's long-context check, which a user may skip)."""
     parts = LongContext.from_option(parts) or LongContext(False, False, False)
     lm = causal_lm(model)
     current = getattr(lm, _MARK, None)
@@ -131,7 +132,7 @@ def enable_long_context(model, parts: LongContext | dict | bool = True) -> LongC
             raise ConfigError(f"long_context is already on for this model with {current.as_dict()}; asked for "
                               f"{parts.as_dict()}. Fix: enable it once, with the parts you want.")
         return current
-    problems = long_context_problems(lm, parts)
+    problems = long_context_problems(lm, parts) if checked else []
     if problems:
         raise ConfigError(problems)
     if parts.tiled_mlp:

@@ -1,5 +1,6 @@
 """ZeroCallback: makes a Trainer + DeepSpeed ZeRO run fail loudly instead of silently wrong."""
 
+import inspect
 import json
 import logging
 import weakref
@@ -9,17 +10,15 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..checkpoints.folders import set_aside_partial
-from ..checks import CHECKS, RunContext, check_options, raise_errors, run_moment
-from ..compat.hf_api import enable_model_checkpointing, model_checkpointing_on, rotate_checkpoints
+from ..checks import CHECKS, LONG_CONTEXT, RunContext, raise_errors, run_moment
+from ..checks.options import ZeroOptions
+from ..compat.hf_api import (checkpointing_kwargs, checkpointing_on, enable_model_checkpointing, model_checkpointing_on,
+                             rotate_checkpoints)
 from ..compat.op_builds import prepare_op_builds
 from ..config.live import deepspeed_config_of
 from ..distributed import barrier, from_rank0
 from ..engine_fixes import finish_offload_step
 from ..errors import CheckpointError, ConfigError
-from ..long_context import LongContext, enable_long_context
-from ..offload_threads import AUTO
-from .gradient_checkpointing import (gradient_checkpointing_kwargs, gradient_checkpointing_on,
-                                     turn_on_gradient_checkpointing)
 from .memory import all_ranks_memory
 from .wiring import trainer_calling, trainer_starting_train
 
@@ -57,38 +56,18 @@ class ZeroCallback(TrainerCallback, ExportableState):
     It runs hf_zero.checks' list, the one ``hf_zero.prepare`` runs in an Accelerate loop (docs/run-checks.md names
     each check, its moment and its off-switch): the config before anything is built, the model and the launch before
     the engine, the engine at train begin, each checkpoint at save. Errors from one moment are raised together
-    (ConfigError); ``skip_checks=[id, ...]`` turns checks off by id. Options:
-    ``force_gather_on_save=False`` refuses a ZeRO-3 config that saves shards instead of turning gathering on;
-    ``cast_adapters=False`` keeps a 16-bit base's LoRA adapters fp32 under ZeRO-3; ``offload_threads`` ("auto", a
-    number, or None) sets the CPU Adam's threads; ``offload_step_in_forward``/``offload_step_chunk`` and
-    ``overlap_offload_copies`` choose hf_zero.engine_fixes' offload fixes; ``divergence_check``, ``vision_in_step`` and
-    ``moe_leaves`` the ZeRO-3 guards of hf_zero.zero3; ``long_context=True`` (or a dict of parts) turns on
-    hf_zero.long_context before the engine exists; ``log_memory`` adds per-rank memory to the Trainer's logs.
+    (ConfigError); ``skip_checks=[id, ...]`` turns checks off by id. Its keyword options are hf_zero.checks.options'
+    ZeroOptions, the ones ``hf_zero.prepare`` takes (docs/callback.md#options lists each with its default), plus
+    ``long_context`` (hf_zero.long_context before the engine exists), ``force_gather_on_save`` and ``log_memory``.
 
     Besides the checks, it keeps the Trainer's checkpoints safe: old ones rotate only after the newest is verified,
     a save cut short is set aside at the next start, and each saved config keeps ``use_cache`` as the model had it.
     """
 
-    def __init__(self, *, log_memory: bool = True, force_gather_on_save: bool = True, cast_adapters: bool = True,
-                 long_context=None, overlap_offload_copies: bool = True, offload_threads=AUTO,
-                 offload_step_chunk: int | None = None, offload_step_in_forward: bool = True,
-                 divergence_check: str = "whole_run", vision_in_step: str = "keep", moe_leaves: str = "auto",
-                 skip_checks=()):
-        check_options(offload_step_chunk=offload_step_chunk, divergence_check=divergence_check,
-                      vision_in_step=vision_in_step, moe_leaves=moe_leaves, skip_checks=skip_checks)
-        self.log_memory = log_memory
-        self.force_gather_on_save = force_gather_on_save
-        self.cast_adapters = cast_adapters
-        self.overlap_offload_copies = overlap_offload_copies
-        self.offload_threads = offload_threads
-        self.offload_step_chunk = offload_step_chunk
-        self.offload_step_in_forward = offload_step_in_forward
-        self.divergence_check = divergence_check
-        self.vision_in_step = vision_in_step
-        self.moe_leaves = moe_leaves
-        self.skip_checks = sorted(skip_checks)
+    def __init__(self, **options):
+        # the options (docs/callback.md#options): declared once, in hf_zero.checks.options, for both doors
+        self.zero_options = ZeroOptions.for_door("trainer", options)
         self._fetch_watch = None
-        self.long_context = LongContext.from_option(long_context)
         self.trainer = None
         self.run = None  # the RunContext hf_zero.checks reads and records (run.ran: every check, per moment)
         self.stage = None
@@ -99,13 +78,8 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     @property
     def options(self) -> dict:
-        return {"log_memory": self.log_memory, "force_gather_on_save": self.force_gather_on_save,
-                "cast_adapters": self.cast_adapters, "overlap_offload_copies": self.overlap_offload_copies,
-                "offload_threads": self.offload_threads, "offload_step_chunk": self.offload_step_chunk,
-                "offload_step_in_forward": self.offload_step_in_forward, "divergence_check": self.divergence_check,
-                "vision_in_step": self.vision_in_step,
-                "moe_leaves": self.moe_leaves, "skip_checks": list(self.skip_checks),
-                "long_context": self.long_context.as_dict() if self.long_context else None}
+        """The options as plain values (kept in each checkpoint; ``ZeroCallback(**options)`` takes them back)."""
+        return self.zero_options.as_dict()
 
     # ---- wiring -------------------------------------------------------------------------
     def attach(self, trainer) -> "ZeroCallback":
@@ -134,8 +108,6 @@ class ZeroCallback(TrainerCallback, ExportableState):
             return self
         _PREPARED[trainer] = self
         self._saved_use_cache = _loaded_use_cache(trainer.model)
-        if self.long_context is not None:
-            self._prepare_long_context(trainer.args, trainer.model)
         self._before_engine(trainer)
         if deepspeed_config_of(trainer.args) is not None:
             self._take_over_rotation(trainer.args)
@@ -143,14 +115,6 @@ class ZeroCallback(TrainerCallback, ExportableState):
         if getattr(trainer, "is_in_train", False):
             self._redo_gradient_checkpointing(trainer)
         return self
-
-    def _prepare_long_context(self, args, model) -> None:
-        """The parts go on the model; offloading what checkpointing saves needs checkpointing on."""
-        parts = enable_long_context(model, self.long_context)
-        if parts.offload_activations and not gradient_checkpointing_on(args):
-            turn_on_gradient_checkpointing(args)
-            self._warn("long_context turned gradient checkpointing on: offload_activations moves the checkpointed "
-                       "layer inputs to host memory.")
 
     def _take_over_from(self, previous: "ZeroCallback") -> None:
         for name in ("stage", "warnings", "run", "_saved_use_cache", "_save_total_limit"):
@@ -160,9 +124,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
     def _redo_gradient_checkpointing(self, trainer) -> None:
         """Added after the Trainer was built, the callback prepares the run inside train(), which has just turned
         gradient checkpointing on with the arguments' kwargs: turn it on again with the kwargs set now."""
-        kwargs = gradient_checkpointing_kwargs(trainer.args)
+        kwargs = checkpointing_kwargs(trainer.args)
         model = trainer.model
-        if kwargs is not None and gradient_checkpointing_on(trainer.args) and model_checkpointing_on(model):
+        if kwargs is not None and checkpointing_on(trainer.args) and model_checkpointing_on(model):
             enable_model_checkpointing(model, dict(kwargs))
 
     def on_init_end(self, args, state, control, **kwargs):
@@ -208,7 +172,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
         (that moment reads the folder and the model it is given)."""
         if self.run is None:
             args = getattr(trainer, "args", None)
-            self.run = RunContext("trainer", config, options=self.options, skip=frozenset(self.skip_checks),
+            # the ids skipped on the arguments (their checks ran there) stay skipped here
+            skip = set(self.zero_options.skip_checks) | set(getattr(args, "skip_checks", None) or ())
+            self.run = RunContext("trainer", config, options=self.zero_options, skip=frozenset(skip),
                                   model=getattr(trainer, "model", None), args=args, trainer=trainer,
                                   accelerator=getattr(trainer, "accelerator", None),
                                   compiled=bool(getattr(args, "torch_compile", False)), warnings=self.warnings)
@@ -216,7 +182,9 @@ class ZeroCallback(TrainerCallback, ExportableState):
 
     def _before_engine(self, trainer) -> None:
         config = deepspeed_config_of(trainer.args)
-        if config is None:
+        if config is None:  # no ZeRO run: only long_context applies (long sequences on one GPU without DeepSpeed)
+            if self.zero_options.long_context is not None:
+                raise_errors(run_moment(LONG_CONTEXT, "model", self._run_of(trainer, {})))
             return
         prepare_op_builds()  # the engine builds fused Adam / cpu_adam at the first step
         run = self._run_of(trainer, config)
@@ -239,13 +207,13 @@ class ZeroCallback(TrainerCallback, ExportableState):
         self._fetch_watch = run.kept.get("fetch_watch")
         if state.is_world_process_zero:
             logger.info("hf_zero: DeepSpeed ZeRO-%s engine on %d rank(s)%s", self.stage, run.launched,
-                        ", gradient checkpointing with use_cache off" if gradient_checkpointing_on(args) else "")
+                        ", gradient checkpointing with use_cache off" if checkpointing_on(args) else "")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or self.stage is None:
             return
         logs["zero_stage"] = self.stage
-        if self.log_memory:
+        if self.zero_options.log_memory:
             logs.update(all_ranks_memory())
 
     # ---- saves --------------------------------------------------------------------------
@@ -301,11 +269,13 @@ def attach(trainer, **options) -> ZeroCallback:
     existing = next((c for c in trainer.callback_handler.callbacks if isinstance(c, ZeroCallback)), None)
     if existing is None:
         return ZeroCallback(**options).attach(trainer)
-    if "long_context" in options:  # True and the dict of all parts are the same request
-        parts = LongContext.from_option(options["long_context"])
-        options = {**options, "long_context": parts.as_dict() if parts else None}
-    differ = {k: v for k, v in options.items() if existing.options.get(k, v) != v or k not in existing.options}
+    asked = ZeroOptions.for_door("trainer", options).as_dict()
+    differ = {name: options[name] for name in options if asked[name] != existing.options[name]}
     if differ:
         raise ConfigError(f"this Trainer has a ZeroCallback already, with {existing.options}; attach asked for "
                           f"{differ}. Fix: pass the options to the one ZeroCallback(...) you give the Trainer.")
     return existing.attach(trainer)
+
+
+ZeroCallback.__init__.__signature__ = ZeroOptions.signature(
+    "trainer", [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)])

@@ -41,21 +41,3 @@ def all_ranks_memory() -> dict:
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     return {f"mem/rank{r}/{n}": round(float(t[i]), 4) for r, t in enumerate(gathered) for i, n in enumerate(names)}
-
-
-def host_memory_problem_of(config: dict, model, ranks: int, half: int, host_bytes: int | None = None) -> str | None:
-    """An offload preset whose model states alone exceed this node's memory (hf_zero.planner's figure), or None.
-    ``ranks``: the run's world size; ``half``: bytes of the run's 16-bit (or fp32) weights."""
-    import os
-
-    import psutil
-
-    from ..planner import host_memory_problem
-    from ..zero3.partitions import full_numel
-
-    params = sum(full_numel(p) for p in model.parameters())
-    trained = sum(full_numel(p) for p in model.parameters() if p.requires_grad)
-    ranks = max(1, ranks or 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
-    return host_memory_problem(config, params, trained, ranks, local, half,
-                               psutil.virtual_memory().total if host_bytes is None else host_bytes)

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import transformers
 
+from ..checks import CHECKS, SKIP_IDS, RunContext, run_moment, skip_problem
 from ..config.accelerate_yaml import launched_deepspeed_config
 from ..config.live import drop_gpu_only_settings
 from ..config.presets import load_config
-from ..config.validate import check_config
-from ..distributed import accelerate_launched_deepspeed, has_gpu, init_distributed, world_size
+from ..distributed import accelerate_launched_deepspeed, has_gpu, init_distributed
 from ..errors import ConfigError
 
 
@@ -26,14 +26,19 @@ def accelerate_deepspeed_file():
 
 
 NVME_PATH_FIELD = field(default=None, metadata={"help": "Folder on a fast local disk for ZeRO-Infinity (zero3_nvme) offload."})
+SKIP_CHECKS_FIELD = field(default_factory=list, metadata={
+    "help": "hf_zero check ids to leave out, here and in ZeroCallback (hf_zero's docs, run-checks.md); the checks of "
+            "the arguments themselves (fp16-arguments-on-cpu, deepspeed-config) are skipped only here."})
 _GLUE_DOC = """
     hf_zero's launch glue, before the arguments compute anything:
 
     - ``deepspeed`` also takes a preset name ("zero3"), resolved to the shipped JSON;
-    - the config is checked against DeepSpeed's own parser before any process group exists,
-      and every problem is reported at once (ConfigError);
+    - hf_zero.checks' ``arguments`` moment runs before any process group exists: the config against
+      DeepSpeed's own parser and hf_zero's rules, and fp16, which DeepSpeed's CPU accelerator lacks,
+      refused on a machine without a GPU; every problem is reported at once (ConfigError), and
+      ``skip_checks`` (ids, as ZeroCallback takes them) leaves checks out here and in the callback;
     - on a machine without a GPU it sets ``use_cpu=True`` (without it, 2 CPU ranks each train
-      silently as world size 1) and refuses fp16, which DeepSpeed's CPU accelerator lacks;
+      silently as world size 1);
     - it starts the process group (gloo on CPU, NCCL on GPU) before the Trainer computes batch
       sizes, and fills RANK/WORLD_SIZE for a plain ``python train.py``;
     - ``nvme_path`` fills the NVMe folder of zero3_nvme.
@@ -47,12 +52,9 @@ def apply_launch_glue(args) -> None:
         return
     on_cpu = not has_gpu()
     config = load_config(source, nvme_path=getattr(args, "nvme_path", None))
-    if on_cpu and args.fp16:
-        raise ConfigError("fp16 was requested, but DeepSpeed on the CPU does not support fp16. "
-                          "Fix: use --bf16 (or no mixed precision) on CPU machines.")
     if on_cpu:
         drop_gpu_only_settings(config)
-    check_config(config, on_cpu=on_cpu, world_size=world_size(), source=source if isinstance(source, str) else None)
+    check_arguments(args, config, source=source if isinstance(source, str) else None)
     if on_cpu:
         args.use_cpu = True
     init_distributed()
@@ -61,12 +63,24 @@ def apply_launch_glue(args) -> None:
         args.deepspeed = config
 
 
+def check_arguments(args, config: dict, *, source: str | None = None) -> None:
+    """hf_zero.checks' arguments moment on ``args`` and its DeepSpeed ``config``: ConfigError listing every error."""
+    skip = getattr(args, "skip_checks", None) or []
+    problem = skip_problem(skip, SKIP_IDS)
+    if problem:
+        raise ConfigError(problem)
+    errors = run_moment(CHECKS, "arguments", RunContext("trainer", config, args=args, skip=frozenset(skip)))
+    if errors:
+        raise ConfigError(errors, source=source)
+
+
 @dataclass
 class TrainingArguments(transformers.TrainingArguments):
     """``transformers.TrainingArguments`` for DeepSpeed ZeRO runs that work the same everywhere.
 """ + _GLUE_DOC + """    """
 
     nvme_path: str | None = NVME_PATH_FIELD
+    skip_checks: list[str] = SKIP_CHECKS_FIELD
 
     def __post_init__(self):
         apply_launch_glue(self)
@@ -104,7 +118,9 @@ def zero_arguments(args_class: type) -> type:
         apply_launch_glue(self)
         args_class.__post_init__(self)
 
-    fields = [] if "nvme_path" in args_class.__dataclass_fields__ else [("nvme_path", str | None, NVME_PATH_FIELD)]
+    fields = [(name, kind, default) for name, kind, default in (("nvme_path", str | None, NVME_PATH_FIELD),
+                                                                 ("skip_checks", list[str], SKIP_CHECKS_FIELD))
+              if name not in args_class.__dataclass_fields__]
     glued = dataclasses.make_dataclass(name, fields, bases=(args_class,), namespace={
         "__post_init__": __post_init__, "_hf_zero_launch_glue": True,
         "__doc__": f"{args_class.__module__}.{args_class.__qualname__} with hf_zero's launch glue.\n" + _GLUE_DOC})

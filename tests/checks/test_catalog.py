@@ -2,32 +2,45 @@
 the test files), the docs list every check, and the options that turn checks off are checked themselves."""
 
 import ast
+import re
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import REPO
-from hf_zero.checks import CHECK_IDS, CHECKS, RunContext, check_options
+from hf_zero.checks import CHECK_IDS, CHECKS, SKIP_IDS, RunContext, check_options, run_moment
 from hf_zero.checks.catalog import (cache_off_while_checkpointing, generation_in_step, model_leaves,
                                     sequence_parallel_loss)
 from hf_zero.compat.hf_api import enable_model_checkpointing
+from hf_zero.config.findings import FINDING_CODES
 from hf_zero.errors import ConfigError
 
 # check id -> (tests where it fires, tests where it stays quiet), as file::function
 COVERAGE = {
+    "fp16-arguments-on-cpu": (["config/test_validation.py::test_fp16_on_cpu_refused_by_training_args",
+                               "trainer/test_launch_checks.py::test_fp16_arguments_on_cpu"],
+                              ["trainer/test_launch_checks.py::test_fp16_arguments_on_cpu"]),
     "world-size": (["trainer/test_callback.py::test_fires_when_ranks_would_train_alone",
                     "multiproc/test_accelerate_loop.py::test_a_plain_accelerator_on_cpu_is_stopped_before_ranks_train_alone"],
                    ["trainer/test_callback.py::test_quiet_world_size_with_hf_zero_arguments"]),
     "gpu-only-settings": (["trainer/test_callback.py::test_gpu_only_setting_dropped_on_cpu_is_said"],
                           ["trainer/test_callback.py::test_quiet_about_gpu_only_settings_when_the_config_has_none"]),
     "deepspeed-config": (["trainer/test_callback.py::test_config_warnings_are_passed_on",
-                          "checks/test_doors.py::test_prepare_passes_config_warnings_on"],
+                          "checks/test_doors.py::test_prepare_passes_config_warnings_on",
+                          "trainer/test_launch_checks.py::test_the_config_linter_on_the_arguments"],
                          ["trainer/test_callback.py::test_quiet_config_warnings_on_a_sound_config"]),
     "save-gathers-weights": (["trainer/test_callback.py::test_gather_off_is_turned_on_so_the_save_reloads",
                               "trainer/test_callback.py::test_gather_off_refused_when_not_forced_on"],
                              ["trainer/test_callback.py::test_quiet_about_gathering_when_the_config_already_gathers",
                               "trainer/test_callback.py::test_quiet_gather_not_forced_but_already_on"]),
+    "long-context": (["trainer/test_callback.py::test_long_context_refuses_a_model_that_cannot_run_a_part_at_attach"],
+                     ["trainer/test_callback.py::test_long_context_puts_its_parts_on_a_model_that_can_run_them"]),
+    "long-context-parts": (["trainer/test_callback.py::test_long_context_puts_its_parts_on_a_model_that_can_run_them",
+                            "trainer/test_callback.py::test_long_context_refusal_skipped_by_its_id_still_puts_the_parts_on"],
+                           ["trainer/test_callback.py::test_quiet_config_warnings_on_a_sound_config"]),
+    "optimizer-type": (["checks/test_doors.py::test_prepare_refuses_another_optimizer_where_the_config_names_deepspeeds"],
+                       ["checks/test_doors.py::test_quiet_about_the_optimizer_when_an_adamw_configures_deepspeeds"]),
     "parallel-layout": (["config/test_parallel_layout.py::test_layouts_that_do_not_divide_are_refused_before_the_engine",
                          "config/test_sequence_parallel_checks.py::test_world_not_divisible_by_sp_size"],
                         ["config/test_sequence_parallel_checks.py::test_all_sp_checks_together_and_none_without_sp"]),
@@ -37,6 +50,12 @@ COVERAGE = {
     "host-memory": (["trainer/test_callback.py::test_offload_the_host_cannot_hold_is_refused_unless_the_check_is_skipped",
                      "checks/test_doors.py::test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped"],
                     ["planner/test_host_memory_check.py::test_states_over_the_node_memory_are_refused_and_under_it_pass"]),
+    "nvme-buffer-too-small": (["trainer/test_callback.py::"
+                               "test_a_parameter_over_the_nvme_swap_buffer_is_refused_before_the_engine_unless_skipped",
+                               "checks/test_doors.py::test_prepare_refuses_a_parameter_over_the_nvme_swap_buffer",
+                               "planner/test_host_memory_check.py::test_check_cli_names_the_nvme_buffer_for_a_large_vocabulary"],
+                              ["trainer/test_callback.py::test_quiet_about_the_nvme_buffer_with_the_presets",
+                               "planner/test_host_memory_check.py::test_check_cli_names_the_nvme_buffer_for_a_large_vocabulary"]),
     "offload-threads": (["trainer/test_offload_overflow.py::test_offload_threads_fire_with_one_thread_of_eight_cores"],
                         ["trainer/test_offload_overflow.py::test_quiet_offload_threads"]),
     "single-process": (["trainer/test_callback.py::test_warns_that_zero_on_one_process_shards_nothing",
@@ -71,8 +90,8 @@ COVERAGE = {
                         "checks/test_doors.py::"
                         "test_prepare_stops_non_reentrant_lora_checkpointing_only_before_the_deepspeed_fix"],
                        ["trainer/test_callback.py::test_quiet_about_recompute_with_reentrant_lora_or_full_fine_tuning"]),
-    "batch-padding": (["trainer/test_padding.py::test_advice_fires_for_padding_to_the_longest_sample_on_a_gpu"],
-                      ["trainer/test_padding.py::"
+    "batch-padding": (["test_batch_padding.py::test_advice_fires_for_padding_to_the_longest_sample_on_a_gpu"],
+                      ["test_batch_padding.py::"
                        "test_advice_is_quiet_where_padding_is_already_right_or_alignment_buys_nothing"]),
     "engine-drives": (["trainer/test_callback.py::test_fires_when_accelerate_use_cpu_swaps_deepspeed_for_ddp",
                        "trainer/test_callback.py::test_fires_when_stage3_is_configured_but_the_engine_did_not_partition"],
@@ -141,7 +160,7 @@ def test_the_docs_list_every_check_with_its_moment_and_off_switch():
     rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
     assert sorted(rows) == sorted(CHECK_IDS)
     for check in CHECKS:
-        assert f"| {check.moment} |" in rows[check.id] and f"| {check.severity} |" in rows[check.id], check.id
+        assert f"| {', '.join(check.moments)} | {check.severity} | {check.kind} |" in rows[check.id], check.id
 
 
 def _tiny_model():
@@ -264,3 +283,57 @@ def test_a_threshold_that_makes_decoder_layers_leaves_is_kept():
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 5_000_000 and _leaves(model) == []
     stage2 = {"zero_optimization": {"stage": 2}}
     assert model_leaves(RunContext("trainer", stage2, model=_tiny_model())) == []
+
+
+def test_a_fix_or_a_guard_is_reported_as_ran_never_as_a_check_that_passed():
+    assert {c.kind for c in CHECKS} == {"check", "fix", "guard"}
+    fixes = [c.id for c in CHECKS if c.kind != "check"]
+    assert "cache-off-while-checkpointing" in fixes and "divergence-watch" in fixes
+    model = _tiny_model()
+    run = RunContext("accelerate", {"zero_optimization": {"stage": 2}}, model=model, engine=model)
+    run_moment([c for c in CHECKS if c.id in ("cache-off-while-checkpointing", "leaf-release")], "engine", run)
+    assert run.ran == [("engine", "cache-off-while-checkpointing", "ran"), ("engine", "leaf-release", "quiet")]
+
+
+def _finding_codes_in_source() -> set:
+    """The code of every Finding(...) the config linter builds (its first argument, a string literal)."""
+    codes = set()
+    for path in (REPO / "hf_zero" / "config").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" and node.args:
+                codes.add(node.args[0].value)
+    return codes
+
+
+def test_every_config_finding_has_its_own_id_and_the_docs_list_each():
+    assert _finding_codes_in_source() == set(FINDING_CODES)
+    finding_ids = {f"deepspeed-config/{code}" for code in FINDING_CODES}
+    assert set(SKIP_IDS) == set(CHECK_IDS) | finding_ids
+    page = (REPO / "docs" / "run-checks.md").read_text()
+    assert set(re.findall(r"`(deepspeed-config/[a-z0-9-]+)`", page)) == finding_ids
+
+
+def _config_run(skip=()):
+    import hf_zero
+
+    config = hf_zero.load_config("zero2")
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 10  # stage3-key-in-stage12, a warning
+    config["bogus"] = 1  # unknown-key, an error
+    run = RunContext("accelerate", config, skip=frozenset(skip))
+    errors = run_moment([c for c in CHECKS if c.id == "deepspeed-config"], "config", run)
+    return errors, [w for w in run.warnings if "stage-3 keys" in w]
+
+
+def test_one_config_finding_is_skipped_by_its_own_id_and_all_by_the_checks():
+    errors, warnings = _config_run()
+    assert [e for e in errors if "'bogus'" in e] == [
+        "DeepSpeed silently ignores the top-level key 'bogus'. Fix: remove it or correct its spelling (see "
+        "deepspeed.ai/docs/config-json). [check deepspeed-config/unknown-key]"] and len(warnings) == 1
+    errors, warnings = _config_run(["deepspeed-config/unknown-key"])
+    assert not any("'bogus'" in e for e in errors) and len(warnings) == 1  # that finding alone
+    errors, warnings = _config_run(["deepspeed-config/stage3-key-in-stage12"])
+    assert any("'bogus'" in e for e in errors) and warnings == []
+    assert _config_run(["deepspeed-config"]) == ([], [])  # the users' setting of before: every finding
+    check_options(skip_checks=["deepspeed-config/unknown-key", "deepspeed-config"])
+    with pytest.raises(ConfigError, match=r"deepspeed-config/nope'\], which are not check ids.*<id>/<code>"):
+        check_options(skip_checks=["deepspeed-config/nope"])

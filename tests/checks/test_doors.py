@@ -24,7 +24,8 @@ def checks_in_order(ran) -> list:
     return seen
 
 
-EVERY_CHECK = [[c.moment, c.id] for c in CHECKS]
+# every check at each of its moments that a door's run records (the arguments moment runs in TrainingArguments)
+EVERY_CHECK = [[moment, c.id] for c in CHECKS for moment in c.moments if moment != "arguments"]
 
 
 def test_the_trainer_door_runs_every_check_in_order(trained):
@@ -40,8 +41,8 @@ def test_the_accelerate_door_runs_every_check_in_order(accelerate_zero3_loop):
 def test_the_list_is_checked_as_each_door_defines_it():
     ids = [c.id for c in CHECKS]
     assert len(ids) == len(set(ids))
-    moments = [c.moment for c in CHECKS]
-    assert moments == sorted(moments, key=["config", "model", "engine", "save"].index)  # run order is list order
+    moments = [c.moments[-1] for c in CHECKS]
+    assert moments == sorted(moments, key=["arguments", "config", "model", "engine", "save"].index)  # list order
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,8 @@ def test_prepare_passes_config_warnings_on(prepare_checks):
         "stage 2 ignores the stage-3 keys stage3_param_persistence_threshold. "
         "Fix: remove them, or set stage 3 if that was meant."]
     assert prepare_checks("zero2") == {"warnings": [], "error": None, "ran": prepare_checks("zero2")["ran"]}
+    skipped = prepare_checks("config_warning_skipped")  # that finding alone, by its own id
+    assert skipped["warnings"] == [] and skipped["error"] is None
 
 
 def test_prepare_reports_a_zero3_model_built_whole(prepare_checks):
@@ -97,6 +100,26 @@ def test_prepare_refuses_offload_the_host_cannot_hold_unless_skipped(prepare_che
     assert skipped["error"] is None and ["model", "host-memory", "skipped"] in skipped["ran"]
 
 
+def test_prepare_refuses_another_optimizer_where_the_config_names_deepspeeds(prepare_checks):
+    assert prepare_checks("optimizer_sgd")["error"] == (
+        "the DeepSpeed config has an optimizer block (DeepSpeed's AdamW) and the loop passes SGD. Fix: pass "
+        "accelerate.utils.DummyOptim(model.parameters(), lr=...), or remove the config's optimizer block to train with "
+        "your own optimizer. [check optimizer-type]")
+    skipped = prepare_checks("optimizer_sgd_skipped")  # hf_zero out of the way: what Accelerate says of it
+    assert "optimizer-type" not in (skipped["error"] or "")
+
+
+def test_quiet_about_the_optimizer_when_an_adamw_configures_deepspeeds(prepare_checks):
+    quiet = prepare_checks("optimizer_adamw")
+    assert quiet["error"] is None and ["model", "optimizer-type", "quiet"] in quiet["ran"]
+
+
+def test_prepare_refuses_a_parameter_over_the_nvme_swap_buffer(prepare_checks):
+    error = prepare_checks("nvme_buffer_small")["error"]
+    assert "buffer_size is 4,096 elements" in error and error.endswith("[check nvme-buffer-too-small]")
+    assert ["model", "nvme-buffer-too-small", "quiet"] in prepare_checks("zero2")["ran"]
+
+
 def test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward(prepare_checks):
     # the user made the inner base model (LlamaModel, which returns BaseModelOutputWithPast) a ZeRO-3 leaf: DeepSpeed
     # would never reduce its gradients (on CPU the step then fails in zero_grad, on a GPU nothing is said)
@@ -123,5 +146,5 @@ def test_leaves_that_return_tensors_train_as_the_model_without_leaves(prepare_ch
     # decoder layers return a tensor: the guard stays quiet and the leaves train bit for bit as no leaves do
     layers, plain = prepare_checks("leaf_layers"), prepare_checks("no_leaves")
     assert layers["error"] is None and plain["error"] is None
-    assert ["engine", "leaf-outputs", "quiet"] in layers["ran"]
+    assert ["engine", "leaf-outputs", "ran"] in layers["ran"]
     assert layers["losses"] == plain["losses"] and layers["losses"][2] < layers["losses"][0]

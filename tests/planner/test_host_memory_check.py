@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hf_zero.cli import main
 from hf_zero.config.presets import load_config
 from hf_zero.planner import GIB, host_memory_problem, setup_of_config
-from hf_zero.trainer.memory import host_memory_problem_of
+from hf_zero.offload_fit import host_memory_problem_of
 
 # Llama-3-8B's shapes with a 32k vocabulary: 7.24B parameters; zero2_offload keeps 134 GiB on the host (pinned
 # master weights, their 16-bit copy and the fp32 gradients, each rounded up to a power of two, and Adam's moments)

@@ -177,7 +177,7 @@ def test_quiet_compile_below_stage3(trained):
 def test_compile_finds_the_outermost_repeated_blocks_only():
     import torch
 
-    from hf_zero.trainer.compile import repeated_blocks
+    from hf_zero.zero3.compile import repeated_blocks
 
     class Block(torch.nn.Module):  # an MoE-like block: its experts are a repeated list too
         def __init__(self):
@@ -224,6 +224,10 @@ def test_config_warnings_are_passed_on(attach_checks):
 
 def test_quiet_config_warnings_on_a_sound_config(attach_checks):
     assert attach_checks("finding_none") == {"warnings": [], "error": None}
+
+
+def test_one_config_finding_is_skipped_by_its_own_id(attach_checks):
+    assert attach_checks("finding_warning_skipped") == {"warnings": [], "error": None}
 
 
 @pytest.mark.parametrize("name, use_reentrant", [("reentrant_zero3", True), ("reentrant_zero2", True),
@@ -292,3 +296,41 @@ def test_offload_the_host_cannot_hold_is_refused_unless_the_check_is_skipped(att
     assert "of model states in host memory" in refused["error"] and "[check host-memory]" in refused["error"]
     skipped = attach_checks("host_memory_skipped")
     assert skipped["error"] is None and skipped["skipped"] == [["model", "host-memory", "skipped"]]
+
+
+ALL_PARTS = {"tiled_mlp": True, "fused_loss": True, "offload_activations": True}
+CHECKPOINTING_ON = ("long_context turned gradient checkpointing on: offload_activations moves the checkpointed layer "
+                    "inputs to host memory.")
+
+
+def test_long_context_refuses_a_model_that_cannot_run_a_part_at_attach(attach_checks):
+    for name in ("long_context_eager", "long_context_eager_without_deepspeed"):
+        error = attach_checks(name)["error"]
+        assert error.startswith("long_context: attn_implementation 'eager' builds seq x seq attention scores") and \
+            error.endswith("[check long-context]"), name
+
+
+def test_long_context_puts_its_parts_on_a_model_that_can_run_them(attach_checks):
+    for name in ("long_context_on", "long_context_without_deepspeed"):
+        assert attach_checks(name) == {"warnings": [CHECKPOINTING_ON], "error": None, "long_context": ALL_PARTS,
+                                       "checkpointing": True}, name
+
+
+def test_long_context_refusal_skipped_by_its_id_still_puts_the_parts_on(attach_checks):
+    assert attach_checks("long_context_eager_skipped") == {"warnings": [CHECKPOINTING_ON], "error": None,
+                                                           "long_context": ALL_PARTS, "checkpointing": True}
+
+
+def test_a_parameter_over_the_nvme_swap_buffer_is_refused_before_the_engine_unless_skipped(attach_checks):
+    error = attach_checks("nvme_buffer_small")["error"]
+    assert "buffer_size is 4,096 elements, and this model's largest parameter (16,384 elements)" in error
+    assert error.endswith("[check nvme-buffer-too-small]")
+    assert attach_checks("nvme_buffer_small_skipped")["error"] is None
+
+
+def test_quiet_about_the_nvme_buffer_with_the_presets(attach_checks):
+    assert attach_checks("nvme_buffer_preset")["error"] is None
+
+
+def test_an_id_skipped_on_the_arguments_stays_skipped_in_the_callback(attach_checks):
+    assert attach_checks("arguments_skip_kept") == {"warnings": [], "error": None}

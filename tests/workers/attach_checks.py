@@ -7,6 +7,7 @@ entry per scenario, for tests/trainer/test_callback.py.
 """
 
 import json
+import os
 from pathlib import Path
 
 import psutil
@@ -39,8 +40,10 @@ def config_file(out: Path, name: str, preset: str, **zero) -> str:
     return str(path)
 
 
-def attach(model_path, args, *, bf16_model=False, lora=False, **callback_options):
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if bf16_model else torch.float32)
+def attach(model_path, args, *, bf16_model=False, lora=False, attn=None, model=None, **callback_options):
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if bf16_model else torch.float32,
+                                                     **({"attn_implementation": attn} if attn else {}))
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -85,6 +88,10 @@ def scenarios(model_path: str, out: Path):
     yield run("finding_warning", lambda: attach(model_path, hf_args(config_file(
         out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10))))
     yield run("finding_none", lambda: attach(model_path, hf_args("zero2")))
+    # ... and skipped by its own id alone
+    yield run("finding_warning_skipped", lambda: attach(model_path, hf_args(config_file(
+        out, "zero2_stage3_key", "zero2", stage3_param_persistence_threshold=10)),
+        skip_checks=["deepspeed-config/stage3-key-in-stage12"]))
     # gradient checkpointing: the user's use_reentrant kept as given, non-reentrant when none was given
     # the newest spelling (transformers 5.23 renamed it; the old one warns there)
     name = checkpointing_arg_name(transformers.TrainingArguments)
@@ -135,6 +142,52 @@ def scenarios(model_path: str, out: Path):
     def skipped(trainer):
         callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, hf_zero.ZeroCallback))
         return {"skipped": [list(entry) for entry in callback.run.ran if entry[2] == "skipped"]}
+
+    # long_context: a model that cannot run a part is refused with the fix (eager attention: memory grows with the
+    # square of the sequence); one that can gets the parts, and checkpointing for offload_activations; the refusal
+    # skipped by its id lets the parts on
+    def long_context_state(trainer):
+        from hf_zero.compat.hf_api import checkpointing_on
+        from hf_zero.long_context import long_context_of
+
+        parts = long_context_of(trainer.model)
+        return {"long_context": parts.as_dict() if parts else None, "checkpointing": checkpointing_on(trainer.args)}
+
+    yield run("long_context_eager", lambda: attach(model_path, hf_args("zero2"), attn="eager", long_context=True))
+    yield run("long_context_on", with_extra(lambda: attach(model_path, hf_args("zero2"), long_context=True),
+                                            long_context_state))
+    yield run("long_context_eager_skipped", with_extra(lambda: attach(
+        model_path, hf_args("zero2"), attn="eager", long_context=True, skip_checks=["long-context"]), long_context_state))
+    def no_deepspeed():
+        # the Accelerators of the Trainers before left ACCELERATE_USE_DEEPSPEED set in this process, which would
+        # give these arguments a DeepSpeed plugin; a script's own process starts without it
+        os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+        return transformers.TrainingArguments(use_cpu=True, **common)
+
+    yield run("long_context_without_deepspeed", with_extra(lambda: attach(model_path, no_deepspeed(), long_context=True),
+                                                           long_context_state))
+    yield run("long_context_eager_without_deepspeed", lambda: attach(model_path, no_deepspeed(), attn="eager",
+                                                                     long_context=True))
+
+    # zero3_nvme's swap buffer below the largest parameter (the embedding, 256 x 64 = 16,384 elements) of a model
+    # built whole: refused before the engine partitions it, quiet with the preset's buffer, let through when skipped
+    def nvme(buffer_size, **options):
+        model = AutoModelForCausalLM.from_pretrained(model_path)  # before the arguments: no zero.Init
+        config = hf_zero.load_config("zero3_nvme", nvme_path=out)
+        config["zero_optimization"]["offload_param"]["buffer_size"] = buffer_size
+        path = out / f"zero3_nvme_{buffer_size}.json"
+        path.write_text(json.dumps(config))
+        return attach(model_path, hf_args(str(path)), model=model, **options)
+
+    yield run("nvme_buffer_small", lambda: nvme(4096))
+    yield run("nvme_buffer_preset", lambda: nvme(100_000_000))
+    yield run("nvme_buffer_small_skipped", lambda: nvme(4096, skip_checks=["nvme-buffer-too-small"]))
+
+    # an id skipped on the arguments (the check ran there) stays skipped in the callback's run of the same check
+    bogus = out / "zero2_bogus.json"
+    bogus.write_text(json.dumps({**hf_zero.load_config("zero2"), "bogus": 1}))
+    yield run("arguments_skip_kept", lambda: attach(model_path, hf_args(
+        str(bogus), skip_checks=["deepspeed-config/unknown-key"])))
 
     real = psutil.virtual_memory
     psutil.virtual_memory = lambda: real()._replace(total=2**20)

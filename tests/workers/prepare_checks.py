@@ -15,7 +15,7 @@ import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails 
 import hf_zero
 from hf_zero.accelerate_loop import run_of
 from hf_zero.compat.hf_api import enable_model_checkpointing
-from hf_zero.trainer.gradient_checkpointing import recompute_problems
+from hf_zero.zero3.recompute import recompute_problems
 from scenario_runner import main, reset_accelerate
 
 
@@ -39,7 +39,7 @@ def scenarios(model_path: str, out):
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
 
     def run(name, config, *, mixed_precision="no", load_first=False, adapt=None, checkpointing=None, extra=None,
-            accelerator_options=None, **prepare_options):
+            accelerator_options=None, optimizer=torch.optim.AdamW, **prepare_options):
         reset_accelerate()
         dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float32
         model = load(dtype) if load_first else None  # built whole, before the Accelerator's zero.Init exists
@@ -52,12 +52,14 @@ def scenarios(model_path: str, out):
                 model = adapt(model)
             if checkpointing is not None:
                 enable_model_checkpointing(model, checkpointing)
-            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+            optimizer = optimizer([p for p in model.parameters() if p.requires_grad], lr=1e-3)
             engine, _ = hf_zero.prepare(accelerator, model, optimizer, **prepare_options)
             found = (extra or (lambda e, r: {}))(engine, run_of(accelerator))
             result = {"warnings": run_of(accelerator).warnings, "error": None, **found}
         except hf_zero.ConfigError as e:
             result = {"warnings": run_of(accelerator).warnings if accelerator is not None else [], "error": str(e)}
+        except ValueError as e:  # not hf_zero's refusal: what Accelerate or DeepSpeed says once a check is skipped
+            result = {"warnings": [], "error": f"{type(e).__name__}: {e}"}
         if accelerator is not None and accelerator in hf_zero.accelerate_loop._RUNS:
             result["ran"] = [list(entry) for entry in run_of(accelerator).ran]
         return name, result
@@ -94,6 +96,8 @@ def scenarios(model_path: str, out):
 
     yield run("zero2", config_of("zero2"))
     yield run("config_warning", config_of("zero2", stage3_param_persistence_threshold=10))
+    yield run("config_warning_skipped", config_of("zero2", stage3_param_persistence_threshold=10),
+              accelerator_options={"skip_checks": ["deepspeed-config/stage3-key-in-stage12"]})
     yield run("built_whole", config_of("zero3"), load_first=True)
     yield run("cast_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes)
     yield run("keep_adapters", config_of("zero3"), mixed_precision="bf16", adapt=lora, extra=adapter_dtypes,
@@ -107,6 +111,17 @@ def scenarios(model_path: str, out):
     yield run("leaf_layers_threshold", config_of("zero3", stage3_module_granularity_threshold=1),
               adapt=leaves_of("layers"), extra=leaf_path, accelerator_options={"skip_checks": ["gpu-only-settings"]})
     yield run("no_leaves", config_of("zero3"), extra=steps)
+    # a config that names DeepSpeed's optimizer: another torch optimizer is refused, an AdamW configures it
+    named = {**config_of("zero2"), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    yield run("optimizer_sgd", named, optimizer=torch.optim.SGD)
+    yield run("optimizer_adamw", named)
+    yield run("optimizer_sgd_skipped", named, optimizer=torch.optim.SGD, skip_checks=["optimizer-type"])
+    # zero3_nvme's swap buffer below the largest parameter (16,384 elements) of a model built whole
+    nvme = hf_zero.load_config("zero3_nvme", nvme_path=out)
+    nvme["zero_optimization"]["offload_param"]["buffer_size"] = 4096
+    nvme.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1)
+    nvme.pop("train_batch_size", None)
+    yield run("nvme_buffer_small", nvme, load_first=True)
     # a host smaller than the model states: the node's memory as psutil reports it, 1 MiB
     real = psutil.virtual_memory
     psutil.virtual_memory = lambda: real()._replace(total=2**20)

@@ -2,7 +2,7 @@
 
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, default_data_collator
 
-from hf_zero.trainer.padding import GPU_PAD_MULTIPLE, padding_advice
+from hf_zero.batch_padding import GPU_PAD_MULTIPLE, padding_advice
 
 from conftest import build_tiny_tokenizer
 
