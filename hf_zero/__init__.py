@@ -23,14 +23,14 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "accelerate_config_path": "config.presets",
     "accelerate_config_text": "config.accelerate_yaml",
-    "accelerator": "accelerate_loop",
+    "accelerator": "accelerate",
     "attach": "trainer.callback",
     "CheckpointError": "errors",
     "checkpoint_problems": "checkpoints.folders",
     "ConfigError": "errors",
     "convert_to_universal": "checkpoints.resume",
     "export": "checkpoints.export",
-    "finish_offload_step": "engine_fixes",
+    "finish_offload_step": "engine.fixes",
     "enable_long_context": "long_context",
     "Finding": "config.findings",
     "from_pretrained": "zero3.loading",
@@ -42,14 +42,14 @@ _PUBLIC = {
     "last_good_checkpoint": "checkpoints.folders",
     "load_config": "config.presets",
     "LongContext": "long_context",
-    "prepare": "accelerate_loop",
+    "prepare": "accelerate",
     "prepare_resume": "checkpoints.resume",
     "preset_descriptions": "config.presets",
     "preset_names": "config.presets",
     "preset_path": "config.presets",
     "RanksDivergedError": "errors",
     "release_zero3_config": "zero3.loading",
-    "save_pretrained": "accelerate_loop",
+    "save_pretrained": "accelerate",
     "saved_model_problems": "checkpoints.saved_models",
     "shutdown": "distributed",
     "TrainingArguments": "trainer.training_args",
@@ -59,7 +59,8 @@ _PUBLIC = {
     "zero_arguments": "trainer.training_args",
     "ZeroCallback": "trainer.callback",
 }
-_SUBMODULES = ("checkpoints", "checks", "cli", "config", "finetune", "long_context", "lora", "metrics", "planner", "trainer", "zero3")
+_SUBMODULES = ("accelerate", "checkpoints", "checks", "cli", "config", "engine", "finetune", "long_context", "lora",
+               "metrics", "planner", "trainer", "zero3")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 

@@ -19,11 +19,11 @@ from ..zero3.leaf_threshold import threshold_leaves
 from ..config.live import GATHER_ON_SAVE, drop_gpu_only_settings, gather_weights_on_save, leaf_threshold, no_leaf_modules
 from ..config.validate import validate_config
 from ..distributed import gpu_memory_bytes
-from ..engine_checks import engine_problems, layout_problems, training_alone
-from ..engine_fixes import leaf_release_after_compute, offload_fixes_applied
+from ..engine.checks import engine_problems, layout_problems, training_alone
+from ..engine.fixes import leaf_release_after_compute, offload_fixes_applied
 from ..long_context import enable_long_context, long_context_problems
 from ..offload_fit import host_memory_problem_of, nvme_buffer_problem_of
-from ..offload_threads import threads_for_offload
+from ..engine.offload_threads import threads_for_offload
 from ..sequence_parallel import (attention_head_counts, check_batches_of, check_loader_batches,
                                  loss_over_sequence_shards, sequence_parallel_problems)
 from ..zero3.divergence import watch_fetch_order
@@ -311,7 +311,7 @@ def cache_off_while_checkpointing(run) -> list:
 
 
 def offload_step_fixes(run) -> list:
-    """hf_zero.engine_fixes on the engine: the offload step's host work, copies and overflow test."""
+    """hf_zero.engine.fixes on the engine: the offload step's host work, copies and overflow test."""
     if not run.options.overlap_offload_copies:
         run.kept["engine_fixes"] = []
         return []

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ..compat.hf_api import checkpointing_kwargs, checkpointing_on, model_checkpointing_kwargs, model_checkpointing_on
 from ..config.dotted import half_precision, zero_stage
 from ..distributed import has_gpu, is_main_process, world_size
-from ..engine_checks import parallel_sizes
+from ..engine.checks import parallel_sizes
 from ..sequence_parallel import active_parallelism_config
 from .options import DOOR_CALLS, ZeroOptions
 

@@ -7,10 +7,10 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from ..engine_fixes import step_chunk_problem
+from ..engine.fixes import step_chunk_problem
 from ..errors import ConfigError
 from ..long_context import LongContext
-from ..offload_threads import AUTO
+from ..engine.offload_threads import AUTO
 from ..zero3.divergence import divergence_check_problem
 from ..zero3.modalities import vision_in_step_problem
 from ..zero3.moe import moe_leaves_problem
@@ -55,7 +55,7 @@ class ZeroOptions:
     force_gather_on_save: bool = _option(True, doors=("trainer",))  # False: refuse a ZeRO-3 config that saves shards
     cast_adapters: bool = _option(True)  # a 16-bit base's LoRA adapters train in its dtype under ZeRO-3
     long_context: bool | dict | LongContext | None = _option(None, doors=("trainer",))  # True, or a dict of parts
-    overlap_offload_copies: bool = _option(True)  # hf_zero.engine_fixes' offload fixes
+    overlap_offload_copies: bool = _option(True)  # hf_zero.engine.fixes' offload fixes
     offload_threads: int | str | None = _option(AUTO)  # the CPU optimizer's threads: "auto", a number, None
     offload_step_chunk: int | None = _option(None)  # elements per chunk of the host step in the next forward
     offload_step_in_forward: bool = _option(True, accelerate=False)  # a loop may read weights between step and forward

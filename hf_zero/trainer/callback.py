@@ -17,7 +17,7 @@ from ..compat.hf_api import (checkpointing_kwargs, checkpointing_on, enable_mode
 from ..compat.op_builds import prepare_op_builds
 from ..config.live import deepspeed_config_of
 from ..distributed import barrier, from_rank0
-from ..engine_fixes import finish_offload_step
+from ..engine.fixes import finish_offload_step
 from ..errors import CheckpointError, ConfigError
 from .memory import all_ranks_memory
 from .wiring import trainer_calling, trainer_starting_train
@@ -72,7 +72,7 @@ class ZeroCallback(TrainerCallback, ExportableState):
         self.run = None  # the RunContext hf_zero.checks reads and records (run.ran: every check, per moment)
         self.stage = None
         self.warnings = []
-        self.engine_fixes = []  # the notes of hf_zero.engine_fixes' fixes applied at train begin
+        self.engine_fixes = []  # the notes of hf_zero.engine.fixes' fixes applied at train begin
         self._saved_use_cache = None
         self._save_total_limit = None
 

@@ -17,8 +17,8 @@ from ..errors import ConfigError
 
 
 def accelerate_deepspeed_file():
-    """The DeepSpeed config an ``accelerate launch --config_file recipes/accelerate/...`` run uses: the path its YAML
-    names, or the dict of the JSON text it holds (the shipped YAMLs carry their preset inline)."""
+    """The DeepSpeed config an ``accelerate launch --config_file FILE.yaml`` run uses: the path its YAML names, or the
+    dict of the JSON text it holds (the YAMLs hf-zero presets writes carry their preset inline)."""
     if accelerate_launched_deepspeed():
         value = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
         return launched_deepspeed_config(value) if value else None

@@ -39,7 +39,7 @@ def test_fix_outside_its_window_warns_once_naming_what_is_skipped(fresh_warnings
 def test_engine_fix_on_an_engine_outside_the_window_warns(fresh_warnings, caplog):
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+    from hf_zero.engine.fixes import offload_overflow_syncs_removed
 
     optimizer = SimpleNamespace(cpu_offload=True, compute_grad_norm=True, zenflow=False,
                                 update_offload_overflow_tracker=lambda grad: None)
@@ -51,7 +51,7 @@ def test_engine_fix_on_an_engine_outside_the_window_warns(fresh_warnings, caplog
 def test_an_engine_that_needs_no_fix_says_nothing_on_any_release(fresh_warnings, caplog):
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+    from hf_zero.engine.fixes import offload_overflow_syncs_removed
 
     with caplog.at_level(logging.WARNING, logger="hf_zero"):
         assert offload_overflow_syncs_removed(SimpleNamespace(optimizer=SimpleNamespace(cpu_offload=False)),

@@ -5,7 +5,7 @@ import pytest
 
 from hf_zero.cli import main
 from hf_zero.config import validate_config
-from hf_zero.engine_checks import data_parallel_problems, layout_problems, parallel_sizes
+from hf_zero.engine.checks import data_parallel_problems, layout_problems, parallel_sizes
 
 
 class _Parallelism:  # the two fields of accelerate's ParallelismConfig that decide the data-parallel size

@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 import hf_zero
 from hf_zero.config import validate_config
 from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
-from hf_zero.engine_checks import layout_problems
+from hf_zero.engine.checks import layout_problems
 from hf_zero.sequence_parallel import (SequenceParallelBatches, attention_problems, gloo_subgroup_problems,
                                        replica_problems, sequence_parallel_problems)
 

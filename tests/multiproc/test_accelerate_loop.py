@@ -118,7 +118,7 @@ def test_long_context_in_a_loop_trains_as_without_it(tiny_models, tmp_path):
 def test_a_dummy_optim_gets_deepspeeds_adamw_only_where_the_config_names_none():
     from accelerate.utils import DummyOptim
 
-    from hf_zero.accelerate_loop import deepspeed_adamw_for
+    from hf_zero.accelerate import deepspeed_adamw_for
 
     params = list(torch.nn.Linear(2, 2).parameters())
     config = {"zero_optimization": {"stage": 2}}

@@ -146,7 +146,7 @@ def test_cli_commands_do_not_print_deepspeeds_cpu_notice(tmp_path):
 def test_the_checks_import_nothing_from_a_door():
     """hf_zero.checks sits below both doors (the Trainer's and the Accelerate loop's): what a check shares with a
     door lives below them too, so no import arrow runs back up."""
-    doors = ("hf_zero.trainer", "hf_zero.accelerate_loop")
+    doors = ("hf_zero.trainer", "hf_zero.accelerate")
     upward = [f"{module} -> {target}" for module in MODULES if module.startswith("hf_zero.checks")
               for target, _ in imports_of(module) if target.startswith(doors)]
     assert upward == []

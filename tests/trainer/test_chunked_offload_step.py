@@ -1,5 +1,5 @@
 """ZeRO-1/2 with the optimizer offloaded: ZeroCallback runs the host's part of each optimizer step in chunks
-(hf_zero/engine_fixes.py), with the same bits as DeepSpeed's one pass, and only on DeepSpeed's own ZeRO-1/2 optimizer
+(hf_zero/engine/fixes.py), with the same bits as DeepSpeed's one pass, and only on DeepSpeed's own ZeRO-1/2 optimizer
 stepping DeepSpeedCPUAdam over pinned fp32 partitions whose 16-bit partitions are on an accelerator."""
 
 import pytest
@@ -75,7 +75,7 @@ def _stage2_optimizer(*, half_device="meta", pin_memory=True, zenflow=False, ada
 def _fix(optimizer, version="0.19.8"):
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import zero2_offload_step_in_next_forward
+    from hf_zero.engine.fixes import zero2_offload_step_in_next_forward
 
     module = torch.nn.Linear(2, 2)
     return zero2_offload_step_in_next_forward(SimpleNamespace(optimizer=optimizer, module=module), version=version)
@@ -161,7 +161,7 @@ class _Flat:
         self.calls.append("step")
 
     def hold_a_step(self, later):
-        from hf_zero.offload_step import GroupStepInChunks
+        from hf_zero.engine.offload_step import GroupStepInChunks
 
         staging = torch.empty_like(self.flat)
         later.hold(0, GroupStepInChunks(self.adam, self.adam.param_groups[0], self.master, staging, self.flat, None,
@@ -184,7 +184,7 @@ class _Flat:
 
 
 def _held(layers=3):
-    from hf_zero.offload_step import StepFinishedInForward
+    from hf_zero.engine.offload_step import StepFinishedInForward
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(layers)])  # 12,480 elements: 4 chunks

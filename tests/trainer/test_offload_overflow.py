@@ -1,5 +1,5 @@
 """ZeroCallback leaves out DeepSpeed's per-parameter host test for inf/NaN gradients under ZeRO offload
-(hf_zero/engine_fixes.py): the same bits trained, the same overflow steps skipped, and only where it applies."""
+(hf_zero/engine/fixes.py): the same bits trained, the same overflow steps skipped, and only where it applies."""
 
 import pytest
 
@@ -58,7 +58,7 @@ def test_an_overflow_step_is_skipped_as_deepspeed_skips_it(runs):
 def test_quiet_without_offload():
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+    from hf_zero.engine.fixes import offload_overflow_syncs_removed
 
     def tracker(grad):
         return None
@@ -71,7 +71,7 @@ def test_quiet_without_offload():
 def test_quiet_outside_the_releases_it_was_checked_on():
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import offload_overflow_syncs_removed
+    from hf_zero.engine.fixes import offload_overflow_syncs_removed
 
     def tracker(grad):
         return None
@@ -113,7 +113,7 @@ OFFLOAD = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cp
 def test_quiet_offload_threads(config, wanted, have):
     import torch
 
-    from hf_zero.offload_threads import threads_for_offload
+    from hf_zero.engine.offload_threads import threads_for_offload
 
     before = torch.get_num_threads()
     try:
@@ -127,7 +127,7 @@ def test_quiet_offload_threads(config, wanted, have):
 def test_offload_threads_fire_with_one_thread_of_eight_cores():
     import torch
 
-    from hf_zero.offload_threads import threads_for_offload
+    from hf_zero.engine.offload_threads import threads_for_offload
 
     before = torch.get_num_threads()
     try:

@@ -1,5 +1,5 @@
 """ZeRO-3 with the optimizer offloaded and the 16-bit parameters on the GPU: ZeroCallback copies each host-stepped
-sub-group's update to the GPU through a pinned buffer (hf_zero/engine_fixes.py), with the same bits DeepSpeed's
+sub-group's update to the GPU through a pinned buffer (hf_zero/engine/fixes.py), with the same bits DeepSpeed's
 own copy writes, and only where DeepSpeed's ZeRO-3 optimizer would copy from pageable memory."""
 
 import pytest
@@ -26,7 +26,7 @@ def _stage3_optimizer(*, half_device="meta", pin_memory=True, cls=None, zenflow=
 def _fix(optimizer, version="0.19.8", available_bytes=2**30):
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import zero3_updates_copied_through_pinned_memory
+    from hf_zero.engine.fixes import zero3_updates_copied_through_pinned_memory
 
     return zero3_updates_copied_through_pinned_memory(SimpleNamespace(optimizer=optimizer), version=version,
                                                       available_bytes=available_bytes)
@@ -64,7 +64,7 @@ def test_left_alone(case):
 def test_left_alone_under_zero_1_and_2():
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import zero3_updates_copied_through_pinned_memory
+    from hf_zero.engine.fixes import zero3_updates_copied_through_pinned_memory
 
     optimizer = SimpleNamespace(cpu_offload=True, compute_grad_norm=True)
     assert zero3_updates_copied_through_pinned_memory(SimpleNamespace(optimizer=optimizer), version="0.19.8") is None
@@ -73,7 +73,7 @@ def test_left_alone_under_zero_1_and_2():
 def test_the_copy_rounds_as_deepspeed_does_and_keeps_other_sub_groups_on_its_path():
     from types import SimpleNamespace
 
-    from hf_zero.engine_fixes import copy_updates_through_pinned_memory
+    from hf_zero.engine.fixes import copy_updates_through_pinned_memory
 
     calls = []
     master = torch.tensor([1.0 + 2 ** -9, -3.3, 1e-8, 65504.0, 0.1, 7.0])  # values bf16 must round

@@ -1,4 +1,4 @@
-"""A few Trainer steps of a tiny Llama under an offload preset, one process, for hf_zero/engine_fixes.py's fixes.
+"""A few Trainer steps of a tiny Llama under an offload preset, one process, for hf_zero/engine/fixes.py's fixes.
 
 ``--preset`` picks the preset (zero2_offload by default); ``--params-on-gpu`` drops its ``offload_param``.
 ``--nan-step K`` turns every gradient of optimizer step K into NaN (a hook on the loss), as an fp16 overflow or a
@@ -34,7 +34,7 @@ class PinnedCopyEverywhere(TrainerCallback):
         self.trainer, self.sub_groups = None, []
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from hf_zero.engine_fixes import copy_updates_through_pinned_memory
+        from hf_zero.engine.fixes import copy_updates_through_pinned_memory
 
         optimizer = self.trainer.model_wrapped.optimizer
         self.sub_groups = [i for i, master in enumerate(optimizer.fp32_partitioned_groups_flat)
@@ -50,7 +50,7 @@ class ChunkedStepEverywhere(TrainerCallback):
         self.trainer, self.chunk, self.in_forward = None, chunk, in_forward
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from hf_zero.offload_step import step_offloaded_groups_in_chunks
+        from hf_zero.engine.offload_step import step_offloaded_groups_in_chunks
 
         engine = self.trainer.model_wrapped
         engine.optimizer.hf_zero_step_in_forward = step_offloaded_groups_in_chunks(

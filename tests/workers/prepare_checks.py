@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
-from hf_zero.accelerate_loop import run_of
+from hf_zero.accelerate import run_of
 from hf_zero.compat.hf_api import enable_model_checkpointing
 from hf_zero.zero3.recompute import recompute_problems
 from scenario_runner import main, reset_accelerate
@@ -60,7 +60,7 @@ def scenarios(model_path: str, out):
             result = {"warnings": run_of(accelerator).warnings if accelerator is not None else [], "error": str(e)}
         except ValueError as e:  # not hf_zero's refusal: what Accelerate or DeepSpeed says once a check is skipped
             result = {"warnings": [], "error": f"{type(e).__name__}: {e}"}
-        if accelerator is not None and accelerator in hf_zero.accelerate_loop._RUNS:
+        if accelerator is not None and accelerator in hf_zero.accelerate.runs.RUNS:
             result["ran"] = [list(entry) for entry in run_of(accelerator).ran]
         return name, result
 

@@ -64,7 +64,7 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
     if opts.offload_step_in_forward and not torch.cuda.is_available():
         # the fix leaves CPU-only runs to DeepSpeed's step (no GPU work to hide it behind); here it is what is tested
-        from hf_zero import engine_fixes
+        from hf_zero.engine import fixes as engine_fixes
 
         engine_fixes._sixteen_bit_partitions_on_accelerator = lambda optimizer: True
     in_forward = {"offload_step_in_forward": True, "offload_step_chunk": opts.offload_step_in_forward} \
@@ -104,8 +104,8 @@ def main():
                   "long_context": str(hf_zero.long_context.long_context_of(model)),
                   "checkpointing": accelerator.unwrap_model(model).is_gradient_checkpointing,
                   "step_in_forward": held is not None, "step_held_at_end": step_held_at_end,
-                  "checks_ran": [list(entry) for entry in hf_zero.accelerate_loop.run_of(accelerator).ran],
-                  # the instance attributes hf_zero.engine_fixes sets on the ZeRO optimizer
+                  "checks_ran": [list(entry) for entry in hf_zero.accelerate.run_of(accelerator).ran],
+                  # the instance attributes hf_zero.engine.fixes sets on the ZeRO optimizer
                   "engine_fixes": sorted(name for name in ("update_offload_overflow_tracker",
                                                            "_reassign_or_swap_out_partitioned_parameters")
                                          if name in vars(model.optimizer))}

@@ -1,4 +1,4 @@
-"""The host's part of a ZeRO-1/2 offload step, as DeepSpeed 0.19.8 runs it and in chunks (hf_zero.engine_fixes'
+"""The host's part of a ZeRO-1/2 offload step, as DeepSpeed 0.19.8 runs it and in chunks (hf_zero.engine.fixes'
 step_partition_in_chunks), timed alone on this machine over a model's fp32 partition (no Trainer, no model).
 
     OMP_NUM_THREADS=16 python benchmarks/1xH200/offload/chunked_step.py --out chunked_step.jsonl
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from hf_zero.offload_step import step_partition_in_chunks
+from hf_zero.engine.offload_step import step_partition_in_chunks
 
 
 def synchronize():

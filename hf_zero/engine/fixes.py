@@ -2,7 +2,8 @@
 Shared by ZeroCallback (the Trainer) and hf_zero.prepare (a user's Accelerate loop)."""
 
 import torch
-from .compat.deepspeed_api import (cpu_adam_class, engine_fix_applies, has_offload_overflow_tracker, is_leaf,
+
+from ..compat.deepspeed_api import (cpu_adam_class, engine_fix_applies, has_offload_overflow_tracker, is_leaf,
                                    param_coordinator, zero_optimizer_classes)
 
 

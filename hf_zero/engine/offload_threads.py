@@ -8,7 +8,7 @@ training thread, with the OpenMP runtime torch loaded, so it then runs on one co
 
 import os
 
-from .config.dotted import optimizer_on_host
+from ..config.dotted import optimizer_on_host
 
 AUTO = "auto"
 

@@ -3,8 +3,8 @@
 
 import os
 
-from .config.dotted import tensor_parallel_size
-from .zero3.partitions import is_partitioned
+from ..config.dotted import tensor_parallel_size
+from ..zero3.partitions import is_partitioned
 
 
 def parallel_sizes(config: dict, parallelism_config=None) -> tuple:
