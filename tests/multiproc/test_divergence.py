@@ -54,6 +54,7 @@ def test_the_accelerate_door_lets_agreeing_ranks_train(tmp_path):
     assert not _stops(quiet) and '"steps": 3' in quiet.stdout
 
 
+@pytest.mark.slow  # the 'always' mode; the default mode's catch of a late divergence is in make test
 def test_always_catches_a_divergence_after_the_first_steps(tmp_path):
     proc = _run(tmp_path, "--diverge-at", "3", "--check", "always", expect_fail=True)
     assert len(_stops(proc)) == 2 and "diverged at step 3, micro-step 0" in _stops(proc)[0]

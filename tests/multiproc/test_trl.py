@@ -18,6 +18,7 @@ def _fell(losses):
     return losses[-1] < losses[0]
 
 
+@pytest.mark.slow  # make test keeps TRL's DPO under zero3 (a partitioned reference model); SFT runs in make test-long
 def test_sft_chat_with_assistant_only_loss_under_zero3_torchrun(tiny_models, tmp_path):
     """hf_zero.zero_arguments(SFTConfig) and callbacks=[ZeroCallback()]: what a TRL script adds."""
     out = tmp_path / "sft"
