@@ -116,8 +116,13 @@ def aborted_after_finishing(proc) -> bool:
     One FINISHED line is enough: hf_zero.shutdown() returns on a rank only once every rank has arrived
     in it, so every rank's work was done, and the launcher may kill the others (SIGTERM) as soon as
     the aborted one exits, before they print."""
-    return (proc.returncode != 0 and proc.stdout.count(FINISHED) >= 1
-            and "terminate called without an active exception" in proc.stderr)
+    return finished_then_aborted(proc.returncode, proc.stdout, proc.stderr)
+
+
+def finished_then_aborted(returncode: int, stdout: str, stderr: str) -> bool:
+    """aborted_after_finishing for a launch whose output the test reads itself (stderr may be folded into stdout)."""
+    return (returncode != 0 and stdout.count(FINISHED) >= 1
+            and "terminate called without an active exception" in stderr)
 
 
 def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900, script=WORKER, cwd=REPO):

@@ -1,5 +1,5 @@
 """A DeepSpeed JSON dropped into recipes/ is a preset everywhere: listed, described, checked, planned from its keys,
-written as an Accelerate YAML that Accelerate reads, trainable by name; one DeepSpeed's parser rejects is listed as
+written as an Accelerate YAML that Accelerate reads and launches, trainable by name; one DeepSpeed's parser rejects is listed as
 broken and never used."""
 
 import json
@@ -15,6 +15,7 @@ from conftest import REPO, assert_reload_bitwise, read_result, run_worker, worke
 NEW_PRESET = {**json.loads((REPO / "recipes" / "zero2.json").read_text())}
 NEW_PRESET["zero_optimization"] = {**NEW_PRESET["zero_optimization"], "reduce_bucket_size": 100_000_000,
                                    "allgather_bucket_size": 100_000_000, "overlap_comm": True}
+README_LOOP = REPO / "tests" / "workers" / "accelerate_readme_loop.py"  # Accelerate's README loop
 BROKEN = {"zero_optimization": {"stage": 2, "reduce_bucket_size": "lots"}, "train_micro_batch_size_per_gpu": "auto"}
 
 
@@ -93,4 +94,18 @@ def test_a_dropped_json_trains_by_name(installed_copy, tiny_models, tmp_path):
                nproc=2, env={"PYTHONPATH": f"{installed_copy}:{REPO / 'tests'}"})
     result = read_result(out)
     assert result["zero_stage"] == 2 and result["reduce_bucket_size"] == 100_000_000 and result["dp_world_size"] == 2
+    assert_reload_bitwise(out)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow  # a two-process ZeRO-2 run under accelerate launch, about 40 s
+def test_a_dropped_jsons_written_yaml_launches_accelerates_readme_loop(installed_copy, tiny_models, tmp_path):
+    yaml, out = tmp_path / "small.yaml", tmp_path / "loop"
+    assert _hf_zero(installed_copy, "presets", "zero2_small_buckets", "--accelerate-config", yaml).returncode == 0
+    run_worker(["--model", tiny_models["llama"], "--out", out, "--steps", "2"], nproc=2, launcher=f"accelerate:{yaml}",
+               script=README_LOOP, env={"PYTHONPATH": f"{installed_copy}:{REPO / 'tests'}"}, cwd=tmp_path)
+    result = read_result(out)
+    assert result["zero_stage"] == 2 and result["dp_world_size"] == 2
+    zero = result["zero_config"]  # the engine's own config: the dropped-in JSON's buckets, not the zero2 preset's
+    assert (zero["reduce_bucket_size"], zero["allgather_bucket_size"], zero["overlap_comm"]) == (100_000_000,) * 2 + (True,)
     assert_reload_bitwise(out)

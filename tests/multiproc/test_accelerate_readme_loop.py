@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, assert_reload_bitwise, launcher_script, missing, read_result, run_worker, worker_env
+from conftest import REPO, assert_reload_bitwise, finished_then_aborted, launcher_script, missing, read_result, run_worker, worker_env
 from test_zero_training import _aio_available
 from hf_zero.config.live import LEAF_THRESHOLD
 from hf_zero.distributed import free_port
@@ -137,6 +137,8 @@ def test_readme_loop_under_the_multinode_yaml_on_two_local_nodes(tiny_models, tm
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-4000:] for o in outputs)
+    # each node runs one rank; Gloo's rare teardown abort after both finished is not a failure (see conftest)
+    ok = [p.returncode == 0 or finished_then_aborted(p.returncode, o, o) for p, o in zip(procs, outputs)]
+    assert ok == [True, True], "\n".join(o[-4000:] for o in outputs)
     assert_trained_with_the_preset(read_result(out), "zero3", "AdamW")
     assert_reload_bitwise(out)
