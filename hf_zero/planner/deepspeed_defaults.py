@@ -1,5 +1,7 @@
-"""DeepSpeed's values for the zero_optimization keys a config leaves out (0.19.8: runtime/zero/config.py and
-offload_config.py), so that a config is planned with what DeepSpeed allocates for it."""
+"""DeepSpeed's values for the zero_optimization keys a config leaves out (its runtime/zero/config.py and
+offload_config.py, the same in every supported release), so that a config is planned with what DeepSpeed allocates
+for it. Kept here rather than read from DeepSpeed, so that planning imports no DeepSpeed; a test holds them equal to
+the installed release's."""
 
 from dataclasses import dataclass
 
