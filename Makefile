@@ -80,9 +80,9 @@ test-newest: $(NEWEST_VENV)/.installed
 
 # The rest of the resume matrix (every stage, both directions of a world-size change) and the slow
 # variants (offload presets, accelerate multi-node, GPT-2 LoRA, the wheel build), which
-# make test leaves out; .ci/run runs it after make test
+# make test leaves out; .ci/run runs it after make test (the NVMe ones run once, in make test-nvme)
 test-long: $(VENV)/.demo
-	$(PY) -m pytest -q -m "long or slow" --durations=10
+	$(PY) -m pytest -q -m "(long or slow) and not nvme" --durations=10
 
 # ZeRO-Infinity on a local folder: needs libaio-dev, and builds the async_io op (~3 min the first time)
 test-nvme: $(VENV)/.installed
