@@ -125,6 +125,45 @@ def finished_then_aborted(returncode: int, stdout: str, stderr: str) -> bool:
             and "terminate called without an active exception" in stderr)
 
 
+def run_nodes(commands: list, *, cwd, timeout: float = 600, grace: float = 30) -> list:
+    """Start one launcher per "node" (each running one rank) together and wait for all; fail with every node's output
+    unless each node exited 0 or its rank finished (FINISHED) before Gloo's teardown abort. After such an abort the
+    other launchers would wait out torchelastic's 300 s exit barrier, so a node still running ``grace`` seconds after
+    another exited is stopped, and passes if its rank finished. A node that fails outright stops the others at once
+    (they would wait at the rendezvous until ``timeout``)."""
+    import time
+
+    logs = [tempfile.TemporaryFile("w+") for _ in commands]
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=worker_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+             for cmd, log in zip(commands, logs)]
+
+    def output(i):
+        logs[i].seek(0)
+        return logs[i].read()
+
+    deadline, stopped = time.monotonic() + timeout, set()
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        exited = [i for i, proc in enumerate(procs) if proc.returncode is not None]
+        if any(procs[i].returncode != 0 and FINISHED not in output(i) for i in exited):
+            break  # a real failure
+        if exited:
+            deadline = min(deadline, time.monotonic() + grace)
+        time.sleep(1)
+    for i, proc in enumerate(procs):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            stopped.add(i)
+    outputs = [output(i) for i in range(len(procs))]
+    ok = [proc.returncode == 0 or (FINISHED in out and (i in stopped or finished_then_aborted(proc.returncode, out, out)))
+          for i, (proc, out) in enumerate(zip(procs, outputs))]
+    if not all(ok):
+        shown = "\n".join(f"--- node {i} (exit {proc.returncode}{', stopped' if i in stopped else ''}) ---\n{out[-6000:]}"
+                          for i, (proc, out) in enumerate(zip(procs, outputs)))
+        pytest.fail(f"{len(procs)} nodes: not every one finished:\n{shown}")
+    return outputs
+
+
 def run_worker(script_args, *, nproc=1, launcher=None, expect_fail=False, env=None, timeout=900, script=WORKER, cwd=REPO):
     """Run the worker (in ``cwd``, the checkout unless given); on an unexpected exit code fail with the workers' output,
     not just the code."""

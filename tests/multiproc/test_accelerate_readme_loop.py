@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, assert_reload_bitwise, finished_then_aborted, launcher_script, missing, read_result, run_worker, worker_env
+from conftest import REPO, assert_reload_bitwise, launcher_script, missing, read_result, run_nodes, run_worker, worker_env
 from test_zero_training import _aio_available
 from hf_zero.config.live import LEAF_THRESHOLD
 from hf_zero.distributed import free_port
@@ -128,17 +128,6 @@ def test_readme_loop_under_the_multinode_yaml_on_two_local_nodes(tiny_models, tm
              "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
              "--main_process_port", str(port), str(README_LOOP), "--model", str(tiny_models["llama"]), "--out", str(out)]
             for rank in (0, 1)]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for cmd in cmds]
-    try:
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    # each node runs one rank; Gloo's rare teardown abort after both finished is not a failure (see conftest)
-    ok = [p.returncode == 0 or finished_then_aborted(p.returncode, o, o) for p, o in zip(procs, outputs)]
-    assert ok == [True, True], "\n".join(o[-4000:] for o in outputs)
+    run_nodes(cmds, cwd=tmp_path)
     assert_trained_with_the_preset(read_result(out), "zero3", "AdamW")
     assert_reload_bitwise(out)

@@ -5,13 +5,12 @@ per machine would: what must hold is that they still train as one ZeRO-3 world o
 global rank 0 writes the saved model (the Trainer's save_on_each_node is off), and that it reloads.
 """
 
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, WORKER, assert_reload_bitwise, assert_trained, launcher_script, read_result, worker_env
+from conftest import REPO, WORKER, assert_reload_bitwise, assert_trained, launcher_script, read_result, run_nodes
 import hf_zero
 from hf_zero.config.accelerate_yaml import yaml_deepspeed_config
 from hf_zero.distributed import free_port
@@ -33,26 +32,10 @@ def node_command(launcher: str, node_rank: int, port: int, script_args: list) ->
 
 
 def run_two_nodes(launcher: str, script_args: list, timeout=600):
-    """Start both nodes together, wait for both, and fail with both nodes' output if either exits non-zero."""
+    """Start both nodes together and wait for both (conftest.run_nodes)."""
     port = free_port()
-    procs = [subprocess.Popen(node_command(launcher, rank, port, [str(a) for a in script_args]), cwd=REPO,
-                              env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in (0, 1)]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=timeout)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:  # one node died and the other waits at the rendezvous forever
-                proc.kill()
-                outputs.append(proc.communicate()[0])
-    codes = [proc.returncode for proc in procs]
-    if codes != [0, 0]:
-        shown = "\n".join(f"--- node {rank} (exit {code}) ---\n{out[-6000:]}"
-                          for rank, (code, out) in enumerate(zip(codes, outputs)))
-        pytest.fail(f"{launcher} on 2 nodes exited {codes}:\n{shown}")
-    return outputs
+    return run_nodes([node_command(launcher, rank, port, [str(a) for a in script_args]) for rank in (0, 1)],
+                     cwd=REPO, timeout=timeout)
 
 
 @pytest.mark.long  # two launchers rendezvousing take half a minute each; make test-long
