@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -131,8 +132,6 @@ def run_nodes(commands: list, *, cwd, timeout: float = 600, grace: float = 30) -
     other launchers would wait out torchelastic's 300 s exit barrier, so a node still running ``grace`` seconds after
     another exited is stopped, and passes if its rank finished. A node that fails outright stops the others at once
     (they would wait at the rendezvous until ``timeout``)."""
-    import time
-
     logs = [tempfile.TemporaryFile("w+") for _ in commands]
     procs = [subprocess.Popen(cmd, cwd=cwd, env=worker_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
              for cmd, log in zip(commands, logs)]
