@@ -1,6 +1,6 @@
 """A DeepSpeed JSON dropped into recipes/ is a preset everywhere: listed, described, checked, planned from its keys,
-written as an Accelerate YAML that Accelerate reads and launches, trainable by name; one DeepSpeed's parser rejects is listed as
-broken and never used."""
+written as an Accelerate YAML that Accelerate reads and launches, trainable by name; one DeepSpeed's parser rejects is
+listed as broken and never used."""
 
 import json
 import shutil
@@ -98,7 +98,7 @@ def test_a_dropped_json_trains_by_name(installed_copy, tiny_models, tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.slow  # a two-process ZeRO-2 run under accelerate launch, about 40 s
+@pytest.mark.slow  # a two-process ZeRO-2 run under accelerate launch, about a minute
 def test_a_dropped_jsons_written_yaml_launches_accelerates_readme_loop(installed_copy, tiny_models, tmp_path):
     yaml, out = tmp_path / "small.yaml", tmp_path / "loop"
     assert _hf_zero(installed_copy, "presets", "zero2_small_buckets", "--accelerate-config", yaml).returncode == 0
