@@ -25,21 +25,30 @@ NOISE_FACTOR = 3.0
 LOSS_FLOOR = 0.02
 
 
+def compiled(setup: dict) -> bool:
+    """Whether the Trainer compiles the model (``args.torch_compile``)."""
+    return bool((setup.get("args") or {}).get("torch_compile"))
+
+
 def reference_key(setup: dict) -> str:
     """The reference a DDP setup writes: all parameters train ("full"), the same with bf16 weights ("full-bf16"), or a
-    LoRA adapter ("lora")."""
+    LoRA adapter ("lora"); a compiled DDP setup writes its own ("...-compiled"), since compiled kernels round
+    differently from eager ones."""
     if setup.get("lora"):
         return "lora"
-    return "full-bf16" if setup.get("weights") == "bf16" else "full"
+    key = "full-bf16" if setup.get("weights") == "bf16" else "full"
+    return key + "-compiled" if setup.get("kind") == "ddp" and compiled(setup) else key
 
 
 def gradient_reference_key(setup: dict, available) -> str:
     """The DDP reference a setup's first-step gradients compare with: a DeepSpeed setup computes with bf16 weights,
-    so a DDP row with bf16 weights where the sweep has one (``available(key)``); otherwise the same kind of model."""
+    so a DDP row with bf16 weights where the sweep has one (``available(key)``), compiled as the setup is where the
+    sweep has that too; otherwise the same kind of model."""
     key = reference_key(setup)
-    if setup.get("kind") == "deepspeed" and key == "full" and available("full-bf16"):
-        return "full-bf16"
-    return key
+    if setup.get("kind") != "deepspeed" or key != "full":
+        return key
+    preferred = ("full-bf16-compiled", "full-bf16") if compiled(setup) else ("full-bf16",)
+    return next((k for k in preferred if available(k)), key)
 
 
 class FirstStepGradients:

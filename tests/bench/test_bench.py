@@ -842,6 +842,15 @@ def test_exactness_compares_deepspeed_gradients_with_the_ddp_row_of_the_same_ari
     assert again["role"] == "compared" and again["reference_setup"] == "ddp"  # DDP noise stays fp32 against fp32
     bf16_again = exactness_spec(parse_variant("ddp_bf16_again=ddp:weights=bf16", known), tmp_path)
     assert bf16_again["reference_setup"] == bf16_again["loss_reference_setup"] == "ddp_bf16"  # bf16 against bf16
+    # the compile path: compiled kernels round differently, so its gradients go against a compiled bf16 DDP row
+    z3_compile = parse_variant("z3_compile=zero3:args.torch_compile=true", known)
+    assert exactness_spec(z3_compile, tmp_path)["reference_setup"] == "ddp_bf16"  # none compiled yet
+    ddp_compile = parse_variant("ddp_compile_bf16=ddp:weights=bf16,args.torch_compile=true", known)
+    third = written(exactness_spec(ddp_compile, tmp_path), ddp_compile)
+    assert third["role"] == "reference" and third["gradients"].endswith("full-bf16-compiled.safetensors")
+    compiled = exactness_spec(z3_compile, tmp_path)
+    assert compiled["reference_setup"] == "ddp_compile_bf16" and compiled["loss_reference_setup"] == "ddp"
+    assert exactness_spec(zero3, tmp_path)["reference_setup"] == "ddp_bf16"  # eager rows keep the eager reference
     with pytest.raises(ConfigError, match="weights='bf16'"):
         parse_variant("z3_bf16=zero3:weights=bf16", known)
 
