@@ -63,12 +63,13 @@ def watch_leaf_outputs(model) -> list:
 # Leaf-module classes that the two-rank exactness gate (benchmarks/1xH200/two_ranks) measured training as DDP does
 # once their weights are released on DeepSpeed's ordinary path (check leaf-release); every other leaf class on
 # several GPU ranks is unproven.
-PROVEN_ON_RANKS: frozenset = frozenset({"LlamaDecoderLayer"})
-RANKS_MEASUREMENT = ("two ranks sharing one H100 over gloo, a 1.35B Llama with its decoder layers as leaves "
-                     "(threshold 5e6) and gradient checkpointing: largest loss gap to DDP over 6 steps 0.006 with "
+PROVEN_ON_RANKS: frozenset = frozenset({"LlamaDecoderLayer", "Qwen3MoeSparseMoeBlock"})
+RANKS_MEASUREMENT = ("two ranks sharing one H100 over gloo: a 1.35B Llama with its decoder layers as leaves "
+                     "(threshold 5e6) and gradient checkpointing, largest loss gap to DDP over 6 steps 0.006 with "
                      "their weights released on the ordinary path, as for ZeRO-3 without leaves, and 0.229 on "
-                     "DeepSpeed's fast leaf path (benchmarks/1xH200/two_ranks/h100/gate_1.35b); several GPUs over "
-                     "NCCL are not measured yet")
+                     "DeepSpeed's fast leaf path (benchmarks/1xH200/two_ranks/h100/gate_1.35b); a Qwen3-MoE with "
+                     "its MoE blocks as leaves, first-step gradients equal to DDP's on bf16 weights "
+                     "(h100/gate_moe); several GPUs over NCCL are not measured yet")
 
 
 def leaves_on_ranks(model, ranks: int, on_gpu: bool, fast_release: bool,
