@@ -329,14 +329,13 @@ def leaf_release(run) -> list:
 
 
 def leaf_ranks(run) -> list:
-    """Under ZeRO-3 on several GPU ranks, leaf modules still on DeepSpeed's fast leaf path or made by the compile path
-    (WARNING), or of classes the two-rank gate has not proven (INFO), are named; nothing is refused."""
+    """Under ZeRO-3 on several GPU ranks, leaf modules still on DeepSpeed's fast leaf path (WARNING) or of classes the
+    two-rank gate has not proven (INFO) are named; nothing is refused."""
     if run.stage != 3:
         return []
     coordinator = param_coordinator(run.engine)  # after leaf-release: still fast only where its fix did not apply
     fast_release = bool(getattr(coordinator, "fast_sharding_for_leaf_module", False))
-    found = leaves_on_ranks(getattr(run.engine, "module", run.engine), run.launched, not run.on_cpu, fast_release,
-                            compiled=run.compiled)
+    found = leaves_on_ranks(getattr(run.engine, "module", run.engine), run.launched, not run.on_cpu, fast_release)
     return [Line(*found)] if found else []
 
 

@@ -61,42 +61,28 @@ def watch_leaf_outputs(model) -> list:
 
 
 # Leaf-module classes that the two-rank exactness gate (benchmarks/1xH200/two_ranks) measured training as DDP does
-# once their weights are released on DeepSpeed's ordinary path (check leaf-release); every other leaf class on
-# several GPU ranks is unproven.
+# once their weights are released on DeepSpeed's ordinary path (check leaf-release), eager and as the compile path's
+# compiled blocks; every other leaf class on several GPU ranks is unproven.
 PROVEN_ON_RANKS: frozenset = frozenset({"LlamaDecoderLayer", "Qwen3MoeSparseMoeBlock"})
 RANKS_MEASUREMENT = ("two ranks sharing one H100 over gloo: a 1.35B Llama with its decoder layers as leaves "
                      "(threshold 5e6) and gradient checkpointing, largest loss gap to DDP over 6 steps 0.006 with "
                      "their weights released on the ordinary path, as for ZeRO-3 without leaves, and 0.229 on "
                      "DeepSpeed's fast leaf path (benchmarks/1xH200/two_ranks/h100/gate_1.35b); a Qwen3-MoE with "
                      "its MoE blocks as leaves, first-step gradients equal to DDP's on bf16 weights "
-                     "(h100/gate_moe); several GPUs over NCCL are not measured yet")
+                     "(h100/gate_moe); the compile path's compiled decoder blocks as leaves, first-step gradient "
+                     "0.013 from DDP compiled the same way (h100/gate_compile_1.35b); several GPUs over NCCL are not "
+                     "measured yet")
 
 
-# The compile path (hf_zero.zero3.compile: each decoder block compiled and made a leaf) on the same gate: its losses
-# stay with DDP's, its first-step gradient does not, and the gate has no DDP reference compiled the same way yet, so
-# compiled kernels' rounding and a ZeRO-3 effect are not told apart.
-COMPILE_MEASUREMENT = ("two ranks sharing one H100 over gloo, the 1.35B Llama with gradient checkpointing: first-step "
-                       "gradient 0.045 from DDP's on bf16 weights (the gate's tolerance 0.03), largest loss gap to DDP "
-                       "over 6 steps 0.005 (benchmarks/1xH200/two_ranks/h100/gate_1.35b_bf16_reference)")
-
-
-def leaves_on_ranks(model, ranks: int, on_gpu: bool, fast_release: bool, compiled: bool = False,
+def leaves_on_ranks(model, ranks: int, on_gpu: bool, fast_release: bool,
                     proven=PROVEN_ON_RANKS) -> tuple | None:
     """(severity, message) when ZeRO-3 leaf modules train on several GPU ranks and are not proven to train as DDP
     does; None otherwise. ``fast_release``: DeepSpeed still frees the leaves' weights on its fast leaf path (the
-    leaf-release fix did not apply); ``compiled``: the run compiles the model (leaves are then the compile path's
-    compiled blocks). Nothing is refused: a WARNING for leaves on the fast path and for the compile path, whose gate
-    row is outside the gradient tolerance, an INFO line for leaf classes the gate has not covered. On CPU processes
-    and on one rank, leaves train bit for bit as no leaves."""
+    leaf-release fix did not apply). Nothing is refused: a WARNING for leaves on the fast path, an INFO line for leaf
+    classes the gate has not covered. On CPU processes and on one rank, leaves train bit for bit as no leaves."""
     if ranks < 2 or not on_gpu:
         return None
     leaves = [(name or "the model", type(module).__name__) for name, module in model.named_modules() if is_leaf(module)]
-    if compiled and leaves and not fast_release:
-        return "warning", (
-            f"{len(leaves)} ZeRO-3 leaf module(s) on {ranks} GPU ranks under torch.compile (hf_zero's compile path "
-            f"compiles each block and makes it a leaf) are not proven to train as DDP does: {COMPILE_MEASUREMENT}. "
-            "Fix: leave torch_compile off for ZeRO-3 on several GPUs until the gate covers it (docs/presets.md), or "
-            "compare your run with DDP (docs/development.md)")
     unproven = sorted({kind for _, kind in leaves if fast_release or kind not in proven})
     if not unproven:
         return None

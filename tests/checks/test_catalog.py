@@ -108,10 +108,8 @@ COVERAGE = {
                       "test_a_granularity_threshold_leaves_the_fast_leaf_path_for_the_ordinary_release"],
                      ["checks/test_doors.py::test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release"]),
     "leaf-ranks": (["zero3/test_leaves_on_ranks.py::test_leaves_on_the_fast_path_are_a_warning_with_the_measurement",
-                    "zero3/test_leaves_on_ranks.py::test_a_class_the_gate_has_not_covered_gets_an_info_line",
-                    "zero3/test_leaves_on_ranks.py::test_the_compile_paths_leaves_are_a_warning_with_the_gates_row"],
-                   ["zero3/test_leaves_on_ranks.py::test_quiet_on_one_rank_on_cpu_without_leaves_or_with_proven_leaves",
-                    "zero3/test_leaves_on_ranks.py::test_quiet_for_compiled_runs_on_one_rank_on_cpu_or_without_leaves"]),
+                    "zero3/test_leaves_on_ranks.py::test_a_class_the_gate_has_not_covered_gets_an_info_line"],
+                   ["zero3/test_leaves_on_ranks.py::test_quiet_on_one_rank_on_cpu_without_leaves_or_with_proven_leaves"]),
     "leaf-outputs": (["checks/test_doors.py::test_a_leaf_that_returns_a_model_output_stops_the_run_at_its_first_forward"],
                      ["checks/test_doors.py::test_leaves_that_return_tensors_train_as_the_model_without_leaves"]),
     "even-batches": (["multiproc/test_accelerate_loop.py::"
