@@ -83,6 +83,7 @@ def test_prepare_checks_the_chunk_before_anything_is_built(chunk, fires):
         raise AssertionError("prepare returned with an object standing for the Accelerator")
 
 
+@pytest.mark.slow  # both checks it covers keep quick tests in make test (test_batch_counts, test_saved_models)
 def test_a_save_on_one_rank_only_is_refused_and_writes_nothing(tiny_models, tmp_path):
     out = tmp_path / "loop"
     (out / "final").mkdir(parents=True)

@@ -40,6 +40,7 @@ def test_a_branch_on_one_rank_stops_every_rank_naming_both_modules(tmp_path):
     assert "collective mismatch" not in proc.stderr  # stopped before gloo saw the gathers differ
 
 
+@pytest.mark.slow  # make test keeps the Trainer door's branch test; this door runs in make test-long
 def test_the_accelerate_door_stops_a_branch_on_one_rank_too(tmp_path):
     # hf_zero.prepare in Accelerate's own loop: the same check, the same message
     proc = _run(tmp_path, "--diverge-at", "0", "--door", "loop", expect_fail=True)

@@ -102,8 +102,10 @@ def test_memory_and_stage_reach_the_logs(trained):
     assert {f"mem/rank{r}/{name}" for r in (0, 1) for name in per_rank} <= keys
 
 
-# make test keeps accelerate launch (plain torchrun runs in every other test); the deepspeed launcher runs in make test-long
-@pytest.mark.parametrize("launcher", [pytest.param("deepspeed", marks=pytest.mark.slow), "accelerate:zero3"])
+# make test-long: make test already runs torchrun in most tests and accelerate launch under the zero3 YAML in
+# tests/multiproc/test_accelerate_readme_loop.py
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["deepspeed", "accelerate:zero3"])
 def test_launchers(tiny_models, tmp_path, launcher):
     args = ["--model", tiny_models["llama"], "--out", tmp_path]
     if launcher == "deepspeed":
