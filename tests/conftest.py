@@ -47,7 +47,8 @@ def worker_env(**extra) -> dict:
     env.update(
         # DeepSpeed's compiled ops (shm_comm, FusedAdam, cpu_adam, async_io) are kept with the venv
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")),
-        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        # one thread per rank on 2 cores; a run that sets it (the kernel checks of docs/development.md) keeps its own
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
         # tests/ for deprecation_guard, which every worker imports
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")])),
     )
@@ -209,6 +210,31 @@ def assert_reload_bitwise(out: Path, model_class_name="AutoModelForCausalLM", fo
     return model
 
 
+# ---- two code paths that compute the same training -------------------------------------------------------------
+# Two code paths that train the same model on the same data (ZeRO-3 leaves or none, checkpointing or not, reentrant or
+# not, a long-context part or plain checkpointing, one node or two) run their floating-point operations with other
+# kernels or in another order, so their losses agree only to rounding, and how closely depends on the CPU's kernels
+# (AVX-512, AVX2 or the scalar default: ATEN_CPU_CAPABILITY) and its threads. Measured on the tiny models' 3-6 step
+# runs over those kernels and OMP_NUM_THREADS 1 and 2 (docs/development.md, "Exactness"): at most 1.3e-6 relative
+# between two such paths; the tolerance is about 8x that. The defects these comparisons guard (a gradient not
+# reduced, a leaf's weights released before its backward, a wrong loss) move the losses by 1e-3 or more.
+PATHS_REL = 1e-5
+# The same for the weights the runs end with (absolute: the tiny models' weights are about 0.02, and one Adam step at
+# their learning rate moves each by up to 1e-3, which a skipped or wrong step shows): measured at most ...
+PATHS_WEIGHTS_ATOL = 1e-5
+
+
+def assert_same_losses(got, want, what: str, rel: float = PATHS_REL):
+    """``got`` and ``want`` (the losses of two code paths of one training) agree within ``rel``. HF_ZERO_NOISE_LOG=FILE
+    appends each comparison to FILE (one JSON line), which is how the noise floor above is measured."""
+    if os.environ.get("HF_ZERO_NOISE_LOG"):
+        worst = max((abs(a - b) / abs(b) for a, b in zip(got, want) if b), default=0.0)
+        with open(os.environ["HF_ZERO_NOISE_LOG"], "a") as log:
+            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "what": what,
+                                  "worst_rel": worst, "got": list(got), "want": list(want)}) + "\n")
+    assert len(got) == len(want) and got == pytest.approx(want, rel=rel, abs=0), f"{what}: {got} != {want} (rel {rel})"
+
+
 def differing_tensors(a_path, b_path) -> dict:
     """The tensors whose bits differ between two safetensors files (name -> max abs difference); {} when every tensor
     is the same. Both files must hold tensors, under the same names."""
@@ -219,6 +245,18 @@ def differing_tensors(a_path, b_path) -> dict:
     assert a and set(a) == set(b)
     return {name: (a[name].float() - b[name].float()).abs().max().item()
             for name in a if not torch.equal(a[name], b[name])}
+
+
+def assert_same_weights(a_path, b_path, atol: float = PATHS_WEIGHTS_ATOL):
+    """The weights two code paths of one training end with (safetensors files) agree within ``atol``: Adam divides
+    each gradient entry by its own scale, so the paths' rounding differences reach the weights magnified."""
+    differing = differing_tensors(a_path, b_path)
+    worst = max(differing.values(), default=0.0)
+    if os.environ.get("HF_ZERO_NOISE_LOG"):
+        with open(os.environ["HF_ZERO_NOISE_LOG"], "a") as log:
+            log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "what": "weights",
+                                  "worst_abs": worst}) + "\n")
+    assert worst <= atol, {name: diff for name, diff in differing.items() if diff > atol}
 
 
 def assert_trained(out: Path, initial: Path, min_drop: float = 0.1):

@@ -5,9 +5,9 @@ from importlib import metadata
 
 from packaging.version import Version
 
-# The newest release of each that CI's newest environment (make test-newest) ran, as it recorded them when it last
-# passed (compat/record_tested.py writes the module); a newer release is untested, not refused
-from .newest_tested import NEWEST_TESTED
+# The newest release of each package that hf_zero's tests passed on (make lock, make test-newest) and the last failing
+# run of the newest releases, as .ci/record_tested.py wrote them; a newer release is untested, not refused
+from .newest_tested import NEWEST_FAILING, NEWEST_TESTED
 
 # The oldest release of each package hf_zero runs on: setup.cfg declares exactly these (a test compares the two),
 # and CI's floor environment installs exactly these. Why each floor is where it is: docs/versions.md.
@@ -70,9 +70,17 @@ def untested_releases(packages=REQUIRED) -> list[tuple[str, Version, str]]:
     return found
 
 
+def failed_with(package: str, installed: Version) -> str | None:
+    """The release of ``package`` at or below ``installed`` that the last failing newest-release run named (hf_zero's
+    tests failed on it, on the date the record gives); None when that run named none."""
+    failed = (NEWEST_FAILING or {}).get("releases", {}).get(package)
+    return failed if failed is not None and Version(failed) <= installed else None
+
+
 def stack_report() -> list[tuple[str, str, str]]:
     """(package, installed release or "not installed", verdict) for every package hf_zero knows, where the verdict
-    places the release against the tested window: "tested window", "newer than tested (N)", "below the floor (F)"."""
+    places the release against the tested window: "tested window", "newer than tested (N)", "below the floor (F)",
+    and for a release at or past one the last newest-release run failed on, that it failed."""
     rows = []
     for package, floor in FLOORS.items():
         installed = installed_version(package)
@@ -82,6 +90,9 @@ def stack_report() -> list[tuple[str, str, str]]:
             verdict = f"below the floor ({floor})"
         elif installed > Version(NEWEST_TESTED[package]):
             verdict = f"newer than tested ({floor} to {NEWEST_TESTED[package]})"
+            failed = failed_with(package, installed)
+            if failed is not None:
+                verdict += f"; hf_zero's tests failed on {package} {failed} ({NEWEST_FAILING['date']}, docs/versions.md)"
         else:
             verdict = f"tested window ({floor} to {NEWEST_TESTED[package]})"
         rows.append((package, str(installed) if installed else "not installed", verdict))

@@ -4,7 +4,7 @@ import os
 import re
 import shutil
 
-from ..compat.releases import untested_releases
+from ..compat.releases import failed_with, untested_releases
 from .dotted import offload_devices
 from .findings import Finding
 
@@ -34,9 +34,12 @@ def environment_findings(context) -> list:
                                  f"DeepSpeed compiles its optimizer/offload ops at the first step, but {', '.join(missing)} "
                                  "is not on PATH.", "install a C++ compiler and ninja (pip install ninja)."))
     for package, installed, newest in untested_releases():
+        failed = failed_with(package, installed)
+        known = f" hf_zero's tests failed on {package} {failed} (docs/versions.md)." if failed else ""
         found.append(Finding("untested-release", "warning",
                              f"{package} {installed} is newer than the newest release hf_zero was tested on ({newest}): "
-                             "its engine fixes for DeepSpeed internals stay out, and its checks were not run against it.",
+                             "its engine fixes for DeepSpeed internals stay out, and its checks were not run against it."
+                             + known,
                              f"pip install '{package}=={newest}' for the tested stack, or go on and report what differs."))
     local = int(env.get("LOCAL_WORLD_SIZE", context.world_size))
     if context.on_cpu and local > 1 and "OMP_NUM_THREADS" not in env:

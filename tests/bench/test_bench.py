@@ -709,6 +709,7 @@ def test_activation_offload_variant_moves_saved_activations_to_the_host_and_keep
     plain, none_packed = grads(False)
     offloaded, packed = grads(True)
     assert none_packed == 0 and packed > 0
+    # exact on any CPU: the same kernels on the same inputs; the offload only copies saved activations out and back
     assert all(torch.equal(a, b) for a, b in zip(plain, offloaded))
 
 

@@ -4,7 +4,7 @@ as they do for the Trainer."""
 
 import pytest
 
-from conftest import REPO, read_result, scenario_results
+from conftest import REPO, assert_same_losses, read_result, scenario_results
 from hf_zero.checks import CHECKS
 from hf_zero.compat.deepspeed_api import frozen_recompute_fails
 from hf_zero.compat.hf_api import model_checkpointing_call
@@ -134,7 +134,7 @@ def test_a_granularity_threshold_leaves_the_fast_leaf_path_for_the_ordinary_rele
     found = prepare_checks("leaf_layers_threshold")
     assert found["error"] is None and found["fast_leaf_path"] is False
     assert ["engine", "leaf-release", "fired"] in found["ran"]
-    assert found["losses"] == prepare_checks("no_leaves")["losses"]
+    assert_same_losses(found["losses"], prepare_checks("no_leaves")["losses"], "leaves with a threshold, no leaves")
 
 
 def test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release(prepare_checks):
@@ -143,8 +143,10 @@ def test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release(prepare_che
 
 
 def test_leaves_that_return_tensors_train_as_the_model_without_leaves(prepare_checks):
-    # decoder layers return a tensor: the guard stays quiet and the leaves train bit for bit as no leaves do
+    # decoder layers return a tensor: the guard stays quiet and the leaves train as no leaves do (to rounding: one
+    # gather per layer and one per module sum in another order)
     layers, plain = prepare_checks("leaf_layers"), prepare_checks("no_leaves")
     assert layers["error"] is None and plain["error"] is None
     assert ["engine", "leaf-outputs", "ran"] in layers["ran"]
-    assert layers["losses"] == plain["losses"] and layers["losses"][2] < layers["losses"][0]
+    assert_same_losses(layers["losses"], plain["losses"], "leaves, no leaves")
+    assert layers["losses"][2] < layers["losses"][0]

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import assert_reload_bitwise, differing_tensors, read_result, run_lora, run_worker
+from conftest import assert_reload_bitwise, assert_same_losses, assert_same_weights, read_result, run_lora, run_worker
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -38,9 +38,8 @@ def test_full_fine_tuning_learns_the_same_with_reentrant_checkpointing(tiny_mode
     assert reentrant["use_reentrant"] is True and non_reentrant["use_reentrant"] is False  # the user's choice, kept
     assert reentrant["warnings"] == [] == non_reentrant["warnings"]
     assert len(reentrant["losses"]) == 6 and reentrant["losses"][-1] < reentrant["losses"][0]
-    assert reentrant["losses"] == pytest.approx(non_reentrant["losses"], rel=1e-6, abs=0)
-    assert differing_tensors(tmp_path / "reentrant_true" / "expected.safetensors",
-                             tmp_path / "reentrant_false" / "expected.safetensors") == {}
+    assert_same_losses(reentrant["losses"], non_reentrant["losses"], "reentrant, non-reentrant")
+    assert_same_weights(tmp_path / "reentrant_true" / "expected.safetensors", tmp_path / "reentrant_false" / "expected.safetensors")
     assert_reload_bitwise(tmp_path / "reentrant_true")
 
 
@@ -52,6 +51,5 @@ def test_lora_learns_the_same_with_reentrant_checkpointing(tiny_models, tmp_path
     assert reentrant["use_reentrant"] is True and non_reentrant["use_reentrant"] is False
     assert reentrant["warnings"] == [] == non_reentrant["warnings"]
     assert reentrant["losses"][-1] < reentrant["losses"][0]
-    assert reentrant["losses"] == pytest.approx(non_reentrant["losses"], rel=1e-6, abs=0)
-    assert differing_tensors(tmp_path / "lora_true" / "expected_adapter.safetensors",
-                             tmp_path / "lora_false" / "expected_adapter.safetensors") == {}
+    assert_same_losses(reentrant["losses"], non_reentrant["losses"], "LoRA reentrant, non-reentrant")
+    assert_same_weights(tmp_path / "lora_true" / "expected_adapter.safetensors", tmp_path / "lora_false" / "expected_adapter.safetensors")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import assert_reload_bitwise, read_result, run_lora, run_worker, scenario_results
+from conftest import assert_reload_bitwise, assert_same_losses, read_result, run_lora, run_worker, scenario_results
 from hf_zero.compat.deepspeed_api import frozen_recompute_fails
 
 pytestmark = pytest.mark.multiproc
@@ -150,7 +150,8 @@ def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained, tin
     assert any("compiled the forward of 2 repeated blocks" in w for w in result["warnings"])
     assert result["linear_is_torch"]  # zero.Init's memory-efficient linear is undone
     assert result["dynamo_graphs"] == 1  # one graph serves both layers: nothing specialized on ds_id
-    assert result["losses"] == pytest.approx(eager["losses"], rel=1e-3)
+    # compiled kernels fuse and reorder what eager ones compute: a wider tolerance than two eager paths get
+    assert_same_losses(result["losses"], eager["losses"], "compiled blocks, eager", rel=1e-3)
     assert_reload_bitwise(out)
 
 

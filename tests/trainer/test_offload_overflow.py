@@ -40,6 +40,8 @@ def _same_weights(a, b):
 @pytest.mark.multiproc
 def test_fix_applied_under_offload_and_trains_the_same_bits(runs):
     fixed, shipped = runs(), runs("--keep-syncs")
+    # exact on any CPU: the runs differ only in a test that reads the gradients (DeepSpeed's per-parameter inf/NaN
+    # check), not in any arithmetic
     assert read_result(fixed)["fixed"] and not read_result(shipped)["fixed"]
     assert read_result(fixed)["losses"] == read_result(shipped)["losses"]
     assert _same_weights(fixed, shipped)

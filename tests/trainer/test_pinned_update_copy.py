@@ -112,6 +112,7 @@ def zero3_runs(tiny_models, tmp_path_factory):
 @pytest.mark.multiproc
 def test_a_real_zero3_engine_trains_the_same_bits_through_the_pinned_copy(zero3_runs):
     shipped, pinned = read_result(zero3_runs()), read_result(zero3_runs("--pinned-copy"))
+    # exact on any CPU: the runs differ only in how the updated partitions are copied, and a copy changes no bit
     # without a GPU the 16-bit partitions are in host memory: the fix itself stays out of a real engine
     assert not shipped["pinned_copy"]
     assert pinned["pinned_copy"] and pinned["pinned_sub_groups"]

@@ -42,7 +42,8 @@ def test_a_text_rank_keeps_its_loss_and_gradients_bitwise(family):
     step = VisionInStep(model, vlm, exchange=lambda mine: (mine, 1))  # another rank has an image
     padded_loss, padded_grads = _loss_and_grads(model, batch)
     assert step.dummy_passes == 1 and step.tower in ("model.visual", "model.vision_tower")
-    assert padded_loss.view(torch.int32).equal(loss.view(torch.int32))  # the same bits (the models train in fp32)
+    # the same bits (the models train in fp32) on any CPU: the dummy pass adds exact zeros to the same computation
+    assert padded_loss.view(torch.int32).equal(loss.view(torch.int32))
     vision = {name for name in grads if grads[name] is None and image_grads[name] is not None}
     assert vision and all(name.startswith((step.tower, "model.multi_modal_projector")) for name in vision)
     for name, grad in padded_grads.items():
