@@ -28,7 +28,7 @@ from ..sequence_parallel import (attention_head_counts, check_batches_of, check_
                                  loss_over_sequence_shards, sequence_parallel_problems)
 from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
-from ..zero3.leaves import leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
+from ..zero3.leaves import leaf_inputs_require_grad, leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
@@ -176,7 +176,7 @@ def _frozen(run) -> list:
 
 
 def frozen_weights_leaves(run) -> list:
-    """Under ZeRO-3 with frozen weights (LoRA), no leaf modules: DeepSpeed loses a leaf's frozen weights."""
+    """Under ZeRO-3 with frozen weights (LoRA) on a DeepSpeed the leaf-inputs fix does not cover, no leaf modules."""
     note = no_leaf_modules_with_frozen_weights(run.model, run.config) if _frozen(run) else None
     return [note] if note else []
 
@@ -328,6 +328,13 @@ def leaf_release(run) -> list:
     return [note] if note else []
 
 
+def leaf_inputs(run) -> list:
+    """Under ZeRO-3, a trainable leaf whose inputs need no gradient (after frozen weights: LoRA) is given one, so
+    DeepSpeed reduces its gradients after its backward instead of before it."""
+    note = leaf_inputs_require_grad(getattr(run.engine, "module", run.engine)) if run.stage == 3 else None
+    return [note] if note else []
+
+
 def leaf_ranks(run) -> list:
     """Under ZeRO-3 on several GPU ranks, leaf modules still on DeepSpeed's fast leaf path (WARNING) or of classes the
     two-rank gate has not proven (INFO) are named; nothing is refused."""
@@ -418,7 +425,7 @@ CHECKS = (
           off="offload_threads=None"),
     Check("single-process", "model", "warning", single_process, "ZeRO without offload on one process shards nothing"),
     Check("frozen-weights-leaves", "model", "warning", frozen_weights_leaves,
-          "ZeRO-3 with frozen weights: no leaf modules"),
+          "ZeRO-3 with frozen weights on a DeepSpeed the leaf-inputs fix does not cover: no leaf modules"),
     Check("model-leaves", "model", "warning", model_leaves,
           "ZeRO-3: a threshold leaf that returns a ModelOutput (the whole model, a vision tower) is left out; the "
           "threshold's other leaves are set one by one"),
@@ -446,6 +453,8 @@ CHECKS = (
           off="overlap_offload_copies=False; offload_step_in_forward"),
     Check("leaf-release", "engine", "info", leaf_release,
           "ZeRO-3 leaf modules release their weights after the GPU has used them (exact on several ranks)"),
+    Check("leaf-inputs", "engine", "info", leaf_inputs,
+          "ZeRO-3 leaf modules reduce their gradients after their backward, also after frozen weights (LoRA)"),
     Check("leaf-ranks", "engine", "warning", leaf_ranks,
           "ZeRO-3 leaf modules on several GPU ranks on DeepSpeed's fast leaf path, or unproven by the two-rank "
           "exactness gate, are named"),

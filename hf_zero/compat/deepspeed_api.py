@@ -42,6 +42,13 @@ ENGINE_FIXES = {
         "ZeRO-3 leaf modules release their gathered weights only after the GPU has used them", "0.18.0", "0.20",
         "with stage3_module_granularity_threshold above 0, a leaf module's gathered weights can be overwritten while "
         "the GPU still computes with them, and several ranks train differently from DDP (docs/presets.md)"),
+    # runtime/zero/stage3.py: create_reduce_and_remove_grad_hooks reduces a leaf's gradients in the leaf's
+    # register_full_backward_hook and zero-fills any still missing; the same code in 0.18.0 and 0.19.8
+    "leaf-inputs-require-grad": EngineFix(
+        "ZeRO-3 leaf modules reduce their gradients after their backward, also where no input needs a gradient",
+        "0.18.0", "0.20",
+        "a leaf module whose inputs need no gradient (the first decoder layer of a LoRA model, a block after frozen "
+        "weights) stops the first backward (RuntimeError: The size of tensor a (0) must match the size of tensor b)"),
 }
 
 _warned: set = set()
@@ -59,6 +66,13 @@ def engine_fix_applies(name: str, version: str | None = None) -> bool:
         logger.warning("hf_zero: %s: not applied on DeepSpeed %s (read against %s to below %s); %s. See docs/versions.md.",
                        fix.title, installed, fix.low, fix.high, fix.without_it)
     return False
+
+
+def leaf_inputs_fix_covers(version: str | None = None) -> bool:
+    """Whether hf_zero's leaf-inputs fix covers this DeepSpeed (default: the installed one), without a WARNING: the
+    checks that turn leaves off otherwise ask it before the engine exists."""
+    installed = deepspeed_version(version)
+    return installed is not None and ENGINE_FIXES["leaf-inputs-require-grad"].covers(installed)
 
 
 # DeepSpeed PR #8148 (in 0.19.3): before it, ZeRO-3 re-partitioned frozen parameters during a non-reentrant

@@ -15,9 +15,9 @@ backward asks each weight for its ``ds_id``: dynamo (torch 2.11) guards on that 
 again (seen on 2x H200), so the original linear comes back, as DeepSpeed's own DeepCompile does.
 ZeRO-1/2 have no parameter hooks, so Accelerate's own regional compilation is left to run for them.
 
-Blocks with frozen parameters (LoRA, adapters) are left to Accelerate too: DeepSpeed 0.19.8 loses a leaf
-module's frozen weights before their backward (RuntimeError: The size of tensor a (0) must match ..., eager
-as well as compiled, on a tiny Llama with PEFT LoRA), so they cannot be made leaves.
+Blocks with frozen parameters (LoRA, adapters) are left to Accelerate too: without hf_zero's leaf-inputs fix, the
+first such leaf has its gradients reduced before its backward (RuntimeError: The size of tensor a (0) must match
+..., eager as well as compiled, on a tiny Llama with PEFT LoRA), and compiled leaves with that fix are not tested yet.
 """
 
 import torch

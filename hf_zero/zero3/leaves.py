@@ -98,3 +98,42 @@ def leaves_on_ranks(model, ranks: int, on_gpu: bool, fast_release: bool,
         f"{len(leaves)} ZeRO-3 leaf module(s) on {ranks} GPU ranks ({', '.join(unproven)}: {shown}) are of classes the "
         f"two-rank exactness gate has not covered (proven: {', '.join(sorted(proven)) or 'none'}; {RANKS_MEASUREMENT}). "
         "They are released on DeepSpeed's ordinary path; to compare a run with DDP, see docs/development.md")
+
+
+def _give_an_input_a_gradient(module, args):
+    """Forward pre-hook: when no positional input of the leaf needs a gradient, its first floating-point one does
+    (the same values, detached from nothing: no earlier part of the graph changes)."""
+    if not torch.is_grad_enabled() or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return None
+    for index, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+            return (*args[:index], arg.detach().requires_grad_(), *args[index + 1:])
+    return None
+
+
+def leaf_inputs_require_grad(model, version: str | None = None) -> str | None:
+    """Make every trainable ZeRO-3 leaf's gradients reduced after its backward, not before; returns a note naming the
+    leaf classes, or None when the model has no trainable leaf (or the installed DeepSpeed is not one this was read
+    against, which logs a WARNING).
+
+    DeepSpeed reduces a leaf's gradients in a full backward hook on the leaf, and zero-fills those still missing.
+    torch runs that hook once the gradients of the leaf's positional inputs are computed, or, when none of them needs
+    a gradient, as soon as the output's gradient arrives: before the leaf's own backward. DeepSpeed then zero-fills
+    every weight's gradient from the released (empty) weight, and autograd cannot add the real gradient to it: the
+    first backward stops (RuntimeError: The size of tensor a (0) must match the size of tensor b (4)). A LoRA model's
+    first decoder layer is such a leaf (its input is the frozen embedding's output), and so is any leaf after frozen
+    weights. A forward pre-hook gives that leaf an input that needs a gradient; computing it adds one input gradient
+    per such leaf, which is dropped."""
+    from ..compat.deepspeed_api import engine_fix_applies
+
+    leaves = [module for module in model.modules() if is_leaf(module) and trains(module)]
+    if not leaves or not engine_fix_applies("leaf-inputs-require-grad", version):
+        return None
+    for module in leaves:
+        if not getattr(module, "_hf_zero_input_gradient", False):
+            module.register_forward_pre_hook(_give_an_input_a_gradient, prepend=True)
+            module._hf_zero_input_gradient = True
+    kinds = ", ".join(sorted({type(module).__name__ for module in leaves}))
+    return (f"ZeRO-3 leaf modules ({kinds}): an input that needs no gradient is given one, so DeepSpeed reduces "
+            "their gradients after their backward (without it a leaf after frozen weights, such as a LoRA model's "
+            "first layer, stops the first backward)")

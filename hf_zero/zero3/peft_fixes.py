@@ -5,19 +5,23 @@ from ..modeling import has_frozen_parameters
 from ..zero3.partitions import is_zero3_param
 
 
-def no_leaf_modules_with_frozen_weights(model, config: dict) -> str | None:
+def no_leaf_modules_with_frozen_weights(model, config: dict, version: str | None = None) -> str | None:
     """Under ZeRO-3, set ``stage3_module_granularity_threshold`` to 0 in ``config`` (the live dict the engine is
-    built from) when the model has frozen parameters; returns a note, or None when nothing changed.
+    built from) when the model has frozen parameters and the DeepSpeed release (``version``, default the installed
+    one) is not one hf_zero's leaf-inputs fix covers; returns a note, or None when nothing changed.
 
-    The threshold makes DeepSpeed turn modules into ZeRO-3 leaves, and DeepSpeed 0.19.8 loses a leaf's frozen
-    weights before their backward: with a threshold of 5e6 a PEFT LoRA 1.35B Llama failed at the
-    first backward on 2x H200 (RuntimeError: output with shape [1] doesn't match the broadcast shape [2048, 16]),
-    and trained with the threshold at 0 (benchmarks/2xH200/sweeps in the repository)."""
-    if not has_frozen_parameters(model):
+    DeepSpeed reduces a leaf's gradients before the leaf's backward when none of its inputs needs a gradient, as
+    after frozen weights (hf_zero.zero3.leaves.leaf_inputs_require_grad): the first backward then stops
+    (RuntimeError: output with shape [1] doesn't match the broadcast shape ...). Where that fix applies, leaves
+    stay; elsewhere the threshold's leaves go."""
+    from ..compat.deepspeed_api import leaf_inputs_fix_covers
+
+    if not has_frozen_parameters(model) or leaf_inputs_fix_covers(version):
         return None
-    return no_leaf_modules(config, because="the model has frozen parameters (LoRA/adapters), and DeepSpeed loses a "
-                           "ZeRO-3 leaf module's frozen weights before their backward (RuntimeError: output with shape "
-                           "[1] doesn't match the broadcast shape ...); each Linear is fetched on its own instead")
+    return no_leaf_modules(config, because="the model has frozen parameters (LoRA/adapters), and on this DeepSpeed "
+                           "release a ZeRO-3 leaf after frozen weights has its gradients reduced before its backward "
+                           "(RuntimeError: output with shape [1] doesn't match the broadcast shape ...); each Linear is "
+                           "fetched on its own instead")
 
 
 def adapters_to_training_dtype(model, dtype) -> str | None:

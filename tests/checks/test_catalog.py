@@ -107,6 +107,10 @@ COVERAGE = {
     "leaf-release": (["checks/test_doors.py::"
                       "test_a_granularity_threshold_leaves_the_fast_leaf_path_for_the_ordinary_release"],
                      ["checks/test_doors.py::test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release"]),
+    "leaf-inputs": (["checks/test_doors.py::test_lora_with_decoder_layer_leaves_trains_as_lora_without_leaves",
+                     "zero3/test_leaf_inputs.py::test_a_leaf_without_an_input_gradient_gets_one"],
+                    ["checks/test_doors.py::test_lora_with_decoder_layer_leaves_trains_as_lora_without_leaves",
+                     "zero3/test_leaf_inputs.py::test_quiet_without_trainable_leaves_or_outside_the_read_releases"]),
     "leaf-ranks": (["zero3/test_leaves_on_ranks.py::test_leaves_on_the_fast_path_are_a_warning_with_the_measurement",
                     "zero3/test_leaves_on_ranks.py::test_a_class_the_gate_has_not_covered_gets_an_info_line"],
                    ["zero3/test_leaves_on_ranks.py::test_quiet_on_one_rank_on_cpu_without_leaves_or_with_proven_leaves"]),

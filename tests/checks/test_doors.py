@@ -142,6 +142,16 @@ def test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release(prepare_che
     assert found["fast_leaf_path"] is False and ["engine", "leaf-release", "quiet"] in found["ran"]
 
 
+def test_lora_with_decoder_layer_leaves_trains_as_lora_without_leaves(prepare_checks):
+    # the first layer's input is the frozen embedding's output: DeepSpeed would reduce that leaf's gradients before
+    # its backward and stop there (RuntimeError: The size of tensor a (0) must match ...); leaf-inputs gives it one
+    leaves, plain = prepare_checks("lora_leaf_layers"), prepare_checks("lora_no_leaves")
+    assert leaves["error"] is None and ["engine", "leaf-inputs", "fired"] in leaves["ran"], leaves
+    assert ["engine", "leaf-inputs", "quiet"] in plain["ran"]
+    assert_same_losses(leaves["losses"], plain["losses"], "LoRA with leaves, LoRA without")
+    assert leaves["losses"][2] < leaves["losses"][0]
+
+
 def test_leaves_that_return_tensors_train_as_the_model_without_leaves(prepare_checks):
     # decoder layers return a tensor: the guard stays quiet and the leaves train as no leaves do (to rounding: one
     # gather per layer and one per module sum in another order)

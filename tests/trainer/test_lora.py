@@ -185,7 +185,7 @@ def test_resume_from_a_lora_checkpoint_continues_the_same_losses(lora_run, tiny_
     out, uninterrupted = lora_run
     resumed = run_lora(tiny_models["llama"], tmp_path / "resumed", "--resume", str(out / "checkpoint-2"))
     assert len(resumed["losses"]) == len(uninterrupted["losses"]) == 4
-    assert resumed["losses"][2:] == pytest.approx(uninterrupted["losses"][2:], rel=1e-5)
+    assert_same_losses(resumed["losses"][2:], uninterrupted["losses"][2:], "LoRA resumed, uninterrupted")
     assert uninterrupted["steps_run"] == [1, 2, 3, 4] and resumed["steps_run"] == [3, 4]  # it really resumed
     expected, got = _expected(out), _expected(tmp_path / "resumed")
     assert set(got) == set(expected)
@@ -220,22 +220,23 @@ def test_frozen_weights_turn_off_deepspeeds_leaf_modules():
         config["zero_optimization"]["stage3_module_granularity_threshold"] = 5_000_000
         return config
 
+    # a DeepSpeed release the leaf-inputs fix does not cover (on the ones it covers, leaves stay: test_leaf_inputs.py)
     config = with_leaves("zero3")
-    note = no_leaf_modules_with_frozen_weights(lora, config)
+    note = no_leaf_modules_with_frozen_weights(lora, config, version="0.20.0")
     assert "frozen parameters" in note and "set to 0" in note
     assert config["zero_optimization"]["stage3_module_granularity_threshold"] == 0
     # zero.Init leaves each parameter's .data empty (its partition lives in ds_tensor): numel() is 0 everywhere
     partitioned = get_peft_model(build(), LoraConfig(r=2, target_modules=["q_proj"]))
     for param in partitioned.parameters():
         param.data = torch.empty(0)
-    assert no_leaf_modules_with_frozen_weights(partitioned, with_leaves("zero3")) is not None
+    assert no_leaf_modules_with_frozen_weights(partitioned, with_leaves("zero3"), version="0.20.0") is not None
     # quiet: every parameter trains, the threshold is already 0, or stage 2 (no leaves)
     full = with_leaves("zero3")
-    assert no_leaf_modules_with_frozen_weights(build(), full) is None
+    assert no_leaf_modules_with_frozen_weights(build(), full, version="0.20.0") is None
     assert full["zero_optimization"]["stage3_module_granularity_threshold"] > 0
-    assert no_leaf_modules_with_frozen_weights(lora, config) is None
+    assert no_leaf_modules_with_frozen_weights(lora, config, version="0.20.0") is None
     stage2 = with_leaves("zero2")
-    assert no_leaf_modules_with_frozen_weights(lora, stage2) is None
+    assert no_leaf_modules_with_frozen_weights(lora, stage2, version="0.20.0") is None
 
 
 def test_adapters_are_cast_only_around_a_16_bit_frozen_base():

@@ -111,6 +111,9 @@ def scenarios(model_path: str, out):
     yield run("leaf_layers_threshold", config_of("zero3", stage3_module_granularity_threshold=1),
               adapt=leaves_of("layers"), extra=leaf_path, accelerator_options={"skip_checks": ["gpu-only-settings"]})
     yield run("no_leaves", config_of("zero3"), extra=steps)
+    # LoRA with decoder-layer leaves: the first layer's input (the frozen embedding's output) needs no gradient
+    yield run("lora_leaf_layers", config_of("zero3"), adapt=lambda model: leaves_of("layers")(lora(model)), extra=steps)
+    yield run("lora_no_leaves", config_of("zero3"), adapt=lora, extra=steps)
     # a config that names DeepSpeed's optimizer: another torch optimizer is refused, an AdamW configures it
     named = {**config_of("zero2"), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
     yield run("optimizer_sgd", named, optimizer=torch.optim.SGD)
