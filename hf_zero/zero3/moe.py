@@ -31,9 +31,10 @@ MOE_LEAVES = ("auto", "off")
 # backward; the same with a fused DeepSeek-V3's experts frozen trained. Without the leaves such ranks diverge anyway.
 FROZEN_LEAF_WARNING = (
     "hf_zero: %d mixture-of-experts block(s) made ZeRO-3 leaves hold frozen parameters (e.g. %s; LoRA or a frozen "
-    "base): DeepSpeed can release a leaf's frozen weights before their backward (seen: a ModuleList MoE with frozen "
-    "experts failed at the first backward with 'RuntimeError: The size of tensor a (0) must match the size of tensor "
-    "b ...'). Fix: if it fails so, train with ZeRO-2 (no partitioned parameters to gather), or train the experts.")
+    "base), and hf_zero's leaf-inputs fix does not cover this DeepSpeed release: a leaf after frozen weights can have "
+    "its gradients reduced before its backward (the first backward stops with 'RuntimeError: The size of tensor a (0) "
+    "must match the size of tensor b ...'). Fix: if it fails so, train with ZeRO-2 (no partitioned parameters to "
+    "gather), or use a DeepSpeed release docs/versions.md lists for leaf-inputs.")
 
 
 def moe_leaves_problem(value) -> str | None:
@@ -133,13 +134,14 @@ def _user_leaf_choice(model, block: MoeBlock) -> bool:
     return any(leaf_flag(model.get_submodule(".".join(prefix[:i]))) for i in range(len(prefix)))
 
 
-def make_moe_leaves(model, config: dict | None, mode: str = "auto") -> list:
+def make_moe_leaves(model, config: dict | None, mode: str = "auto", version: str | None = None) -> list:
     """Make every MoE block of ``model`` whose ranks can run different experts a ZeRO-3 leaf, before DeepSpeed builds
     its engine (which registers its hooks, stopping at leaves, when it is built); returns the blocks' names.
 
     Nothing changes for ``mode`` "off", for a config that is not ZeRO-3, for a config with its own
     ``zero_optimization.leaf_module`` (DeepSpeed applies it when it builds the engine), or for a block where the user
-    already set or unset a leaf flag."""
+    already set or unset a leaf flag. ``version``: the DeepSpeed release to judge frozen weights in leaves by (default
+    the installed one)."""
     zero = (config or {}).get("zero_optimization") or {}
     if mode == "off" or zero.get("stage") != 3:
         return []
@@ -161,8 +163,10 @@ def make_moe_leaves(model, config: dict | None, mode: str = "auto") -> list:
         # once per run: the same classes on every rank, and rank 0 speaks for them
         from ..distributed import is_main_process
 
+        from ..compat.deepspeed_api import leaf_inputs_fix_covers
+
         frozen = [b for b in made if any(not p.requires_grad for p in b.block.parameters())]
-        if frozen and is_main_process():
+        if frozen and not leaf_inputs_fix_covers(version) and is_main_process():
             logger.warning(FROZEN_LEAF_WARNING, len(frozen), frozen[0].name)
         if is_main_process():
             logger.info("hf_zero: made %d mixture-of-experts block(s) ZeRO-3 leaves (gathered whole, so ranks that "
