@@ -31,6 +31,7 @@ def config_of(preset: str, **zero) -> dict:
 def lora(model):
     from peft import LoraConfig, get_peft_model
 
+    torch.manual_seed(0)  # peft draws lora_A from the global generator: the same adapters in every scenario
     return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 
 
@@ -112,7 +113,7 @@ def scenarios(model_path: str, out):
               adapt=leaves_of("layers"), extra=leaf_path, accelerator_options={"skip_checks": ["gpu-only-settings"]})
     yield run("no_leaves", config_of("zero3"), extra=steps)
     # LoRA with decoder-layer leaves: the first layer's input (the frozen embedding's output) needs no gradient
-    yield run("lora_leaf_layers", config_of("zero3"), adapt=lambda model: leaves_of("layers")(lora(model)), extra=steps)
+    yield run("lora_leaf_layers", config_of("zero3"), adapt=lambda model: lora(leaves_of("layers")(model)), extra=steps)
     yield run("lora_no_leaves", config_of("zero3"), adapt=lora, extra=steps)
     # a config that names DeepSpeed's optimizer: another torch optimizer is refused, an AdamW configures it
     named = {**config_of("zero2"), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
