@@ -8,7 +8,7 @@ with the preset's 1e6 threshold they would stay whole and every save would look 
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_losses, run_lora
+from conftest import assert_same_losses, assert_same_weights, run_lora
 
 import peft  # noqa: F401  (the test extra: make test installs it; a broken install fails here)
 pytestmark = pytest.mark.multiproc
@@ -200,6 +200,17 @@ def test_lora_on_gpt2_conv1d_one_process(tiny_models, tmp_path):
     assert set(result["lora_numel_on_rank0"].values()) == {0}
     assert_adapter_equals_trained(tiny_models["gpt2"], tmp_path / "adapter", _expected(tmp_path))
     assert_adapter_equals_trained(tiny_models["gpt2"], tmp_path / "final", _expected(tmp_path))
+
+
+@pytest.mark.slow  # one more 2-process run, about 25 s
+def test_lora_with_decoder_layer_leaves_trains_as_without_them(lora_run, tiny_models, tmp_path):
+    # a user's set_z3_leaf_modules(model, [LlamaDecoderLayer]) on a LoRA model, under ZeroCallback on 2 ranks with
+    # the adapters partitioned: the first layer's input needs no gradient, and leaf-inputs gives it one
+    _, plain = lora_run
+    leaves = run_lora(tiny_models["llama"], tmp_path, "--leaves")
+    assert leaves["engine"] == "DeepSpeedEngine" and set(leaves["lora_numel_on_rank0"].values()) == {0}
+    assert_same_losses(leaves["losses"], plain["losses"][:len(leaves["losses"])], "LoRA with leaves on 2 ranks, without")
+    assert_same_weights(tmp_path / "expected_adapter.safetensors", lora_run[0] / "expected_adapter.safetensors")
 
 
 def test_frozen_weights_turn_off_deepspeeds_leaf_modules():

@@ -45,6 +45,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--save-steps", type=int, default=0)
     p.add_argument("--gc", action="store_true")
+    p.add_argument("--leaves", action="store_true", help="the base's decoder layers as ZeRO-3 leaves (set_z3_leaf_modules)")
     p.add_argument("--reentrant", choices=["true", "false"], default=None, help="gradient_checkpointing_kwargs' use_reentrant")
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (the base partitions in bf16)")
     p.add_argument("--naive-save", action="store_true")
@@ -62,6 +63,10 @@ def main():
         **{CHECKPOINTING_ARG: opts.gc}, **reentrant_kwargs(opts))
     base = AutoModelForCausalLM.from_pretrained(opts.model)  # zero.Init through TrainingArguments
     base_partitioned = hf_zero.is_partitioned(base)
+    if opts.leaves:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(base, [type(base.model.layers[0])])
     torch.manual_seed(0)  # LoRA A's init; rank 0's is broadcast when DeepSpeed partitions it
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                                             target_modules=opts.target_modules.split(",")))
