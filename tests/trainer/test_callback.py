@@ -1,6 +1,7 @@
 """Each ZeroCallback check, in a real DeepSpeed run: one case where it fires, one where it stays quiet."""
 
 import json
+import os
 
 import pytest
 
@@ -135,6 +136,9 @@ def test_incomplete_checkpoint_fails_the_save_and_the_older_one_survives_rotatio
 
 
 @pytest.mark.slow  # compiling takes ~35 s here
+@pytest.mark.skipif(os.environ.get("ATEN_CPU_CAPABILITY") == "default",
+                    reason="torch's inductor writes CPU kernels that do not build under ATEN_CPU_CAPABILITY=default "
+                           "(error: 'at::vec' has not been declared)")
 def test_zero3_torch_compile_compiles_blocks_and_leaves_hooks_eager(trained, tiny_models, tmp_path):
     # Accelerate would compile DeepSpeed's fetch/release hooks with the model, and dynamo recompiles per layer.
     # Persistence 0: the tiny model's weights are partitions, gathered by the hooks around each compiled block.
