@@ -8,6 +8,7 @@ for every id); docs/run-checks.md lists it.
 import os
 
 from ..batch_counts import UNEVEN_FIX, compare_across_ranks
+from ..errors import ConfigError
 from ..batch_padding import padding_advice
 from ..checkpoints.folders import training_state_problems
 from ..checkpoints.saved_models import saved_model_problems
@@ -30,6 +31,7 @@ from ..zero3.divergence import watch_fetch_order
 from ..zero3.generation import keep_generation_in_step
 from ..zero3.leaves import leaf_inputs_require_grad, leaves_on_ranks, returns_model_output, trains, watch_leaf_outputs
 from ..zero3.modalities import keep_vision_in_step
+from ..zero3.block_leaves import make_block_leaves
 from ..zero3.moe import make_moe_leaves
 from ..zero3.partitions import full_numel, is_zero3_param
 from ..zero3.peft_fixes import adapters_to_training_dtype, no_leaf_modules_with_frozen_weights, zero2_advice
@@ -239,6 +241,16 @@ def compile_blocks(run) -> list:
     return [note] if note else []
 
 
+def block_leaves(run) -> list:
+    """Under ZeRO-3, the model's repeated blocks (decoder layers) become leaves, each gathered with one all-gather;
+    a leaves= class the model does not have stops the run."""
+    try:
+        note = make_block_leaves(run.model, run.config, run.options.leaves)
+    except ConfigError as e:
+        return [Line("error", str(e))]
+    return [note] if note else []
+
+
 def moe_leaves(run) -> list:
     """Under ZeRO-3, mixture-of-experts blocks whose ranks can route to different experts become leaves (it says
     what it made itself, once, on rank 0)."""
@@ -434,6 +446,8 @@ CHECKS = (
     Check("lora-fits-zero2", "model", "warning", lora_fits_zero2, "LoRA whose base fits ZeRO-2 is advised to use it"),
     Check("compile-blocks", "model", "warning", compile_blocks,
           "ZeRO-3 with torch.compile compiles block forwards, hooks stay eager"),
+    Check("block-leaves", "model", "info", block_leaves,
+          "ZeRO-3: the model's repeated blocks become leaves, each gathered with one all-gather", off='leaves="off"'),
     Check("moe-leaves", "model", "info", moe_leaves, "ZeRO-3 MoE blocks become leaves", off='moe_leaves="off"',
           kind="fix"),
     Check("built-whole", "model", "warning", built_whole, "a ZeRO-3 model not built by zero.Init is reported"),

@@ -13,6 +13,7 @@ from ..long_context import LongContext
 from ..engine.offload_threads import AUTO
 from ..zero3.divergence import divergence_check_problem
 from ..zero3.modalities import vision_in_step_problem
+from ..zero3.block_leaves import leaves_problem
 from ..zero3.moe import moe_leaves_problem
 from .catalog import SKIP_IDS
 from .pipeline import skip_problem
@@ -62,6 +63,7 @@ class ZeroOptions:
     divergence_check: str = _option("whole_run")
     vision_in_step: str = _option("keep")
     moe_leaves: str = _option("auto")
+    leaves: str | Sequence[str] = _option("auto")  # ZeRO-3 leaves: the repeated blocks, "off", or class names
     skip_checks: Sequence[str] = _option(())  # check ids to leave out (docs/run-checks.md)
 
     @classmethod
@@ -85,6 +87,8 @@ class ZeroOptions:
         chosen = {f.name: given.get(f.name, cls.default(f.name, door)) for f in fields(cls)}
         chosen["long_context"] = LongContext.from_option(chosen["long_context"])
         chosen["skip_checks"] = tuple(sorted(chosen["skip_checks"]))
+        if not isinstance(chosen["leaves"], str):
+            chosen["leaves"] = tuple(chosen["leaves"])  # frozen: hashable like the rest
         return cls(**chosen)
 
     def as_dict(self) -> dict:
@@ -92,6 +96,7 @@ class ZeroOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["long_context"] = asdict(self.long_context) if self.long_context else None
         values["skip_checks"] = list(self.skip_checks)
+        values["leaves"] = self.leaves if isinstance(self.leaves, str) else list(self.leaves)
         return values
 
     @classmethod
@@ -112,6 +117,7 @@ _VALUE_PROBLEMS = {
     "divergence_check": lambda _, value: divergence_check_problem(value),
     "vision_in_step": lambda _, value: vision_in_step_problem(value),
     "moe_leaves": lambda _, value: moe_leaves_problem(value),
+    "leaves": lambda _, value: leaves_problem(value),
     "skip_checks": lambda _, value: skip_problem(value, SKIP_IDS),
 }
 

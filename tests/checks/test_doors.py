@@ -142,6 +142,13 @@ def test_leaves_without_a_threshold_keep_deepspeeds_ordinary_release(prepare_che
     assert found["fast_leaf_path"] is False and ["engine", "leaf-release", "quiet"] in found["ran"]
 
 
+def test_prepare_makes_the_decoder_layers_leaves_by_default(prepare_checks):
+    found, off = prepare_checks("default_leaves"), prepare_checks("no_leaves")
+    assert found["error"] is None and found["leaves"] == ["LlamaDecoderLayer"] * 2
+    assert ["model", "block-leaves", "fired"] in found["ran"] and ["model", "block-leaves", "quiet"] in off["ran"]
+    assert_same_losses(found["losses"], off["losses"], "default leaves, leaves off")
+
+
 def test_lora_with_decoder_layer_leaves_trains_as_lora_without_leaves(prepare_checks):
     # the first layer's input is the frozen embedding's output: DeepSpeed would reduce that leaf's gradients before
     # its backward and stop there (RuntimeError: The size of tensor a (0) must match ...); leaf-inputs gives it one

@@ -22,7 +22,15 @@ LEAVES = {"qwen3_moe": ["Qwen3MoeSparseMoeBlock"] * 2, "mixtral": ["MixtralSpars
 EAGER_LEAVES = {"deepseek_v3": ["DeepseekV3MoE"], "olmoe": ["OlmoeSparseMoeBlock"] * 2}
 
 
-def expected_leaves(case: str) -> list:
+# with hf_zero's default block leaves, each decoder layer is the leaf, holding its MoE block (the ModuleList model's
+# layers are its MoE blocks)
+BLOCK_LEAVES = {"deepseek_v3": ["DeepseekV3DecoderLayer"] * 2, "olmoe": ["OlmoeDecoderLayer"] * 2,
+                "modulelist": ["ListMoeBlock"] * 2}
+
+
+def expected_leaves(case: str, block_leaves: bool = False) -> list:
+    if block_leaves:
+        return BLOCK_LEAVES[case.split(":")[0]]
     if case == "modulelist":
         return ["ListMoeBlock"] * 2
     arch, impl = case.split(":")
@@ -40,16 +48,23 @@ def _check(tmp_path, cases, *flags):
     results = [json.loads(line.split("CASE ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("CASE ")]
     assert sorted((r["case"], r["rank"]) for r in results) == sorted((c, rank) for c in cases for rank in (0, 1))
     for result in results:
-        assert result["leaves"] == expected_leaves(result["case"]), result
+        assert result["leaves"] == expected_leaves(result["case"], "auto" in flags), result
         losses = result["losses"]
         assert len(losses) == 2 and losses[1] < losses[0], result
     for case in cases:  # the checkpoint ZeroCallback checked, from_pretrained in this clean process
         assert_reload_bitwise(tmp_path / case.replace(":", "-"), folder="checkpoint-2")
 
 
+def test_moe_models_train_with_decoder_layer_leaves_and_reload_bitwise(tmp_path):
+    # one of each kind, as hf_zero runs them by default: every decoder layer a leaf, holding its MoE block whole: a
+    # fused model's eager path, its grouped_mm path, a ModuleList MoE
+    _check(tmp_path, ["deepseek_v3:eager", "olmoe:grouped_mm", "modulelist"], "--leaves", "auto")
+
+
+@pytest.mark.slow
 def test_moe_blocks_train_and_reload_bitwise(tmp_path):
-    # one of each kind: a fused model's eager path (a leaf), its grouped_mm path (left as transformers runs it),
-    # a ModuleList MoE (a leaf per block)
+    # moe-leaves alone (block leaves off): a fused model's eager path (a leaf), its grouped_mm path (left as
+    # transformers runs it), a ModuleList MoE (a leaf per block)
     _check(tmp_path, ["deepseek_v3:eager", "olmoe:grouped_mm", "modulelist"])
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_reload_bitwise, assert_same_losses, assert_trained, missing, read_result, run_worker
+from hf_zero.compat.deepspeed_api import leaf_inputs_fix_covers
 
 pytestmark = pytest.mark.multiproc
 
@@ -25,6 +26,9 @@ def test_stage_trains_and_reloads_bitwise(trained, tiny_models, preset, nproc):
     assert result["optimizer"] == "AdamW"  # the preset names none: the Trainer's torch AdamW (--optim) runs
     assert result["dp_world_size"] == nproc == result["world_size"]
     assert len(result["losses"]) == 4 and all(loss == loss for loss in result["losses"])
+    # ZeroCallback's default under ZeRO-3: each decoder layer a leaf (on the releases its leaf fixes cover)
+    made = preset == "zero3" and leaf_inputs_fix_covers()
+    assert result["leaves"] == (["LlamaDecoderLayer"] * 2 if made else []), result["leaves"]
     assert_trained(out, tiny_models["llama"])
     assert_reload_bitwise(out)
 

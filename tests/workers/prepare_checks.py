@@ -91,6 +91,11 @@ def scenarios(model_path: str, out):
 
         return {**steps(engine, run), "fast_leaf_path": param_coordinator(engine).fast_sharding_for_leaf_module}
 
+    def leaf_classes(engine, run):  # the steps, and the ZeRO-3 leaves the engine was built with
+        from hf_zero.compat.deepspeed_api import is_leaf
+
+        return {**steps(engine, run), "leaves": [type(m).__name__ for m in engine.module.modules() if is_leaf(m)]}
+
     def judged(engine, run):  # the real model and config, judged as two DeepSpeed releases would run them
         return {version: recompute_problems(engine.module, run.config, run.checkpointing_kwargs or {}, version,
                                             in_loop=True) for version in ("0.19.2", "0.19.3")}
@@ -111,10 +116,11 @@ def scenarios(model_path: str, out):
     # gpu-only-settings would set it to 0 (that path's release fails on CPU tensors), so it is skipped here
     yield run("leaf_layers_threshold", config_of("zero3", stage3_module_granularity_threshold=1),
               adapt=leaves_of("layers"), extra=leaf_path, accelerator_options={"skip_checks": ["gpu-only-settings"]})
-    yield run("no_leaves", config_of("zero3"), extra=steps)
+    yield run("no_leaves", config_of("zero3"), extra=steps, leaves="off")
+    yield run("default_leaves", config_of("zero3"), extra=leaf_classes)
     # LoRA with decoder-layer leaves: the first layer's input (the frozen embedding's output) needs no gradient
     yield run("lora_leaf_layers", config_of("zero3"), adapt=lambda model: lora(leaves_of("layers")(model)), extra=steps)
-    yield run("lora_no_leaves", config_of("zero3"), adapt=lora, extra=steps)
+    yield run("lora_no_leaves", config_of("zero3"), adapt=lora, extra=steps, leaves="off")
     # a config that names DeepSpeed's optimizer: another torch optimizer is refused, an AdamW configures it
     named = {**config_of("zero2"), "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
     yield run("optimizer_sgd", named, optimizer=torch.optim.SGD)

@@ -55,7 +55,7 @@ def release_after_use(config: dict) -> dict:
     return config
 
 
-def train(case: str, out: Path, moe_leaves: str, rank: int) -> dict:
+def train(case: str, out: Path, moe_leaves: str, rank: int, block_leaves: str) -> dict:
     config = release_after_use(hf_zero.load_config("zero3"))
     args = hf_zero.TrainingArguments(output_dir=str(out), deepspeed=config, per_device_train_batch_size=2,
                                      max_steps=STEPS, learning_rate=1e-3, report_to=[], save_strategy="steps",
@@ -63,7 +63,7 @@ def train(case: str, out: Path, moe_leaves: str, rank: int) -> dict:
     torch.manual_seed(0)
     model = build(case)  # partitioned by zero.Init: the arguments above keep a stage-3 config alive
     trainer = Trainer(model=model, args=args, train_dataset=rank_data(rank), data_collator=default_data_collator,
-                      callbacks=[hf_zero.ZeroCallback(moe_leaves=moe_leaves)])
+                      callbacks=[hf_zero.ZeroCallback(moe_leaves=moe_leaves, leaves=block_leaves)])
     started = time.monotonic()
     trainer.train()
     state = gathered_state_dict(model)  # a collective: every rank
@@ -80,7 +80,7 @@ def train(case: str, out: Path, moe_leaves: str, rank: int) -> dict:
     return result
 
 
-def train_loop(accelerator, case: str, out: Path, moe_leaves: str, rank: int) -> dict:
+def train_loop(accelerator, case: str, out: Path, moe_leaves: str, rank: int, block_leaves: str) -> dict:
     """The same in a user's own Accelerate loop (hf_zero.prepare), saved with hf_zero.save_pretrained."""
     from accelerate.utils import DummyOptim
 
@@ -89,7 +89,8 @@ def train_loop(accelerator, case: str, out: Path, moe_leaves: str, rank: int) ->
     loader = torch.utils.data.DataLoader(rank_data(rank), batch_size=2)
     optimizer = DummyOptim(model.parameters(), lr=1e-3)
     started = time.monotonic()
-    engine, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader, moe_leaves=moe_leaves)
+    engine, optimizer, loader = hf_zero.prepare(accelerator, model, optimizer, loader, moe_leaves=moe_leaves,
+                                                leaves=block_leaves)
     losses = []
     for step, batch in zip(range(STEPS), loader):
         loss = engine(**batch).loss
@@ -110,6 +111,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--cases", required=True, help="comma-separated: ARCH:IMPL (fused) or modulelist")
     p.add_argument("--moe-leaves", default="auto")
+    # off by default here: these runs test moe-leaves, and a decoder layer made a leaf holds its MoE block whole
+    p.add_argument("--leaves", default="off", help="hf_zero's block leaves: auto, off")
     p.add_argument("--loop", action="store_true", help="an Accelerate loop (one case; launch with accelerate)")
     opts = p.parse_args()
 
@@ -118,14 +121,15 @@ def main():
         release_after_use(accelerator.state.deepspeed_plugin.deepspeed_config)  # the live config prepare builds from
         [case] = opts.cases.split(",")
         rank = torch.distributed.get_rank()
-        result = train_loop(accelerator, case, Path(opts.out) / case.replace(":", "-"), opts.moe_leaves, rank)
+        result = train_loop(accelerator, case, Path(opts.out) / case.replace(":", "-"), opts.moe_leaves, rank,
+                            opts.leaves)
         say("CASE " + json.dumps(result))
     else:
         hf_zero.init_distributed()
         rank = torch.distributed.get_rank()
         for case in opts.cases.split(","):
             out = Path(opts.out) / case.replace(":", "-")
-            say("CASE " + json.dumps(train(case, out, opts.moe_leaves, rank)))
+            say("CASE " + json.dumps(train(case, out, opts.moe_leaves, rank, opts.leaves)))
     hf_zero.shutdown()
     print("hf_zero-test: worker finished", flush=True)  # conftest.FINISHED
 

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 import deprecation_guard  # noqa: F401  (hf_zero calling a deprecated API fails the run)
 import hf_zero
+from hf_zero.compat.deepspeed_api import is_leaf
 from hf_zero.compat.hf_api import checkpointing_arg_name
 
 
@@ -264,6 +265,8 @@ def main():
             "dp_world_size": getattr(engine, "dp_world_size", None),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "partitioned_at_load": partitioned_at_load,
+            # the ZeRO-3 leaves the engine was built with (hf_zero's block-leaves, a user's, the compile path's)
+            "leaves": [type(m).__name__ for m in trainer.model.modules() if is_leaf(m)],
             "peak_state_bytes": peak_states.peak,
             "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()),
             "warnings": callback.warnings if callback else [],
