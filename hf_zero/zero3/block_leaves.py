@@ -9,9 +9,11 @@ trains wrongly on several GPUs) and with leaf-inputs for leaves after frozen wei
 JSON under a plain Trainer trains as DeepSpeed does.
 
 Left alone: a config that picks its own leaves (a stage3_module_granularity_threshold above 0, or
-zero_optimization.leaf_module), a model in which the user set or unset a leaf flag, blocks inside a vision tower (a rank
-without images runs the tower on a dummy input there, which leaves are not proven with), blocks that return a
-ModelOutput, and DeepSpeed releases leaf-inputs does not cover (one line says so).
+zero_optimization.leaf_module), a model in which the user set or unset a leaf flag, a model with long context's tiled MLP
+or offloaded checkpoints (they run a layer's parts on their own in the backward; inside a leaf the first backward
+stopped), blocks inside a vision tower (a rank without images runs the tower on a dummy input there, which leaves are
+not proven with), blocks that return a ModelOutput, and DeepSpeed releases leaf-inputs does not cover (one line says
+so).
 """
 
 import logging
@@ -20,6 +22,7 @@ from ..compat.deepspeed_api import leaf_flag, leaf_inputs_fix_covers, set_leaf
 from ..config.live import leaf_threshold
 from ..distributed import is_main_process
 from ..errors import ConfigError
+from ..long_context.switch import long_context_of
 from .compile import repeated_blocks
 from .leaves import returns_model_output
 from .modalities import vision_language_model, vision_tower_name
@@ -66,6 +69,14 @@ def make_block_leaves(model, config: dict | None, mode="auto", version: str | No
         return None  # the config's own leaves; DeepSpeed makes them when it builds the engine
     if any(leaf_flag(module) is not None for module in model.modules()):
         return None  # the user's own set_z3_leaf_modules / unset_z3_leaf_modules
+    parts = long_context_of(model)
+    if parts is not None and (parts.tiled_mlp or parts.offload_activations):
+        # the tiled MLP recomputes each MLP shard by shard in its own backward; inside a leaf the first backward
+        # stopped on 2 CPU ranks (RuntimeError: The size of tensor a (0) must match the size of tensor b (64))
+        if is_main_process():
+            logger.info("hf_zero: ZeRO-3 leaves left out: long context's tiled MLP and offloaded checkpoints run each "
+                        "layer's parts on their own in the backward, which leaves are not proven with")
+        return None
     if isinstance(mode, (list, tuple)):
         wanted = set(mode)
         present = {type(module).__name__ for module in model.modules()}

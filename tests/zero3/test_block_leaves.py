@@ -49,7 +49,8 @@ def test_named_classes_become_leaves_and_an_unknown_one_is_refused_naming_the_bl
         make_block_leaves(llama(), ZERO3, mode=["GPT2Block"])
 
 
-@pytest.mark.parametrize("case", ["off", "stage 2", "threshold", "leaf_module", "user set", "user unset", "release"])
+@pytest.mark.parametrize("case", ["off", "stage 2", "threshold", "leaf_module", "user set", "user unset", "release",
+                                  "long context"])
 def test_left_alone(case):
     model, config, mode, version = llama(), {"zero_optimization": {"stage": 3}}, "auto", None
     if case == "off":
@@ -66,6 +67,8 @@ def test_left_alone(case):
         unset_z3_leaf_modules(model, [type(model.model.layers[0])])
     elif case == "release":
         version = "0.20.0"
+    elif case == "long context":
+        hf_zero.enable_long_context(model, {"tiled_mlp": True, "fused_loss": False, "offload_activations": False})
     before = leaf_names(model)
     assert make_block_leaves(model, config, mode=mode, version=version) is None
     assert leaf_names(model) == before
