@@ -62,14 +62,9 @@ def test_moe_models_train_with_decoder_layer_leaves_and_reload_bitwise(tmp_path)
 
 
 @pytest.mark.slow
-def test_moe_blocks_train_and_reload_bitwise(tmp_path):
+def test_every_fused_architecture_on_both_paths_trains_and_reloads_bitwise(tmp_path):
     # moe-leaves alone (block leaves off): a fused model's eager path (a leaf), its grouped_mm path (left as
     # transformers runs it), a ModuleList MoE (a leaf per block)
-    _check(tmp_path, ["deepseek_v3:eager", "olmoe:grouped_mm", "modulelist"])
-
-
-@pytest.mark.slow
-def test_every_fused_architecture_on_both_paths_trains_and_reloads_bitwise(tmp_path):
     _check(tmp_path, [f"{arch}:{impl}" for arch in FUSED for impl in ("grouped_mm", "eager")] + ["modulelist"])
 
 
